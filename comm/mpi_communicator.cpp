@@ -1,0 +1,245 @@
+#include "comm/mpi_communicator.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <functional>
+
+#include "core/error.h"
+
+namespace trainer {
+namespace {
+
+// MPI counts are ints; larger transfers are split into chunks of this many elements.
+constexpr int64_t kMaxChunk = int64_t{1} << 30;
+
+void mpi_check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  runtime_error("rank {}: {} failed: {}", rank, call, std::string(msg, len));
+}
+#define MPI_CHECK(call) mpi_check((call), #call)
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kF64: return MPI_DOUBLE;
+    case DType::kBF16: break;
+  }
+  runtime_error("MPI collectives on {} buffers are not supported", dtype_name(t));
+}
+
+void check_host(const BufferView& b, const char* op) {
+  TRAINER_CHECK(b.device == DeviceKind::kCpu, "MPI {} needs a host buffer", op);
+}
+
+int as_int_count(int64_t n, const char* op) {
+  if (n > INT_MAX)
+    runtime_error("MPI {} of {} elements per rank exceeds MPI's int count limit", op, n);
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+class MpiRequest : public CommRequest {
+ public:
+  MpiRequest(MpiCommunicator* comm, std::vector<MPI_Request> reqs, std::function<void()> on_done)
+      : comm_(comm), reqs_(std::move(reqs)), on_done_(std::move(on_done)) {
+    comm_->live_.push_back(this);
+  }
+  ~MpiRequest() override {
+    if (!done_) wait();
+  }
+  void wait() override {
+    if (done_) return;
+    MPI_CHECK(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE));
+    finish();
+  }
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    MPI_CHECK(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag,
+                          MPI_STATUSES_IGNORE));
+    if (flag) finish();
+    return done_;
+  }
+
+ private:
+  void finish() {
+    done_ = true;
+    auto& live = comm_->live_;
+    live.erase(std::remove(live.begin(), live.end(), this), live.end());
+    if (on_done_) on_done_();
+  }
+  MpiCommunicator* comm_;
+  std::vector<MPI_Request> reqs_;
+  std::function<void()> on_done_;
+  bool done_ = false;
+};
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  MPI_CHECK(MPI_Comm_size(comm_, &world_));
+}
+
+CommHandle MpiCommunicator::all_reduce_sum(BufferView buf) {
+  check_host(buf, "all_reduce");
+  std::vector<MPI_Request> reqs;
+  const size_t esize = dtype_size(buf.dtype);
+  for (int64_t off = 0; off < buf.count; off += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, buf.count - off));
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buf.data) + off * esize, n,
+                             mpi_type(buf.dtype), MPI_SUM, comm_, &r));
+    reqs.push_back(r);
+  }
+  return std::make_unique<MpiRequest>(this, std::move(reqs), nullptr);
+}
+
+CommHandle MpiCommunicator::reduce_scatter_sum(BufferView buf, const std::vector<int64_t>& counts) {
+  check_host(buf, "reduce_scatter");
+  TRAINER_CHECK(static_cast<int>(counts.size()) == world_, "{} counts for world {}", counts.size(),
+                world_);
+  std::vector<int> icounts(world_);
+  int64_t total = 0, my_offset = 0;
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) my_offset = total;
+    icounts[r] = as_int_count(counts[r], "reduce_scatter");
+    total += counts[r];
+  }
+  TRAINER_CHECK(total == buf.count, "reduce_scatter counts sum to {} for a buffer of {}", total,
+                buf.count);
+  // MPI writes this rank's result to the start of a receive buffer; copy it into place after.
+  const size_t esize = dtype_size(buf.dtype);
+  auto recv = std::make_shared<std::vector<char>>(std::max<size_t>(1, counts[rank_] * esize));
+  MPI_Request r;
+  MPI_CHECK(MPI_Ireduce_scatter(buf.data, recv->data(), icounts.data(), mpi_type(buf.dtype),
+                                MPI_SUM, comm_, &r));
+  const int64_t mine = counts[rank_];
+  char* dst = static_cast<char*>(buf.data) + my_offset * esize;
+  return std::make_unique<MpiRequest>(this, std::vector<MPI_Request>{r}, [recv, dst, mine, esize] {
+    std::memcpy(dst, recv->data(), mine * esize);
+  });
+}
+
+CommHandle MpiCommunicator::all_gather(BufferView buf, const std::vector<int64_t>& counts) {
+  check_host(buf, "all_gather");
+  TRAINER_CHECK(static_cast<int>(counts.size()) == world_, "{} counts for world {}", counts.size(),
+                world_);
+  std::vector<int> icounts(world_), displs(world_);
+  int64_t total = 0;
+  for (int r = 0; r < world_; ++r) {
+    icounts[r] = as_int_count(counts[r], "all_gather");
+    displs[r] = as_int_count(total, "all_gather");
+    total += counts[r];
+  }
+  TRAINER_CHECK(total == buf.count, "all_gather counts sum to {} for a buffer of {}", total,
+                buf.count);
+  MPI_Request r;
+  MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data, icounts.data(),
+                            displs.data(), mpi_type(buf.dtype), comm_, &r));
+  return std::make_unique<MpiRequest>(this, std::vector<MPI_Request>{r}, nullptr);
+}
+
+CommHandle MpiCommunicator::broadcast(BufferView buf, int root) {
+  check_host(buf, "broadcast");
+  // Bytes, so any dtype (bf16 included) can be broadcast.
+  std::vector<MPI_Request> reqs;
+  const int64_t bytes = static_cast<int64_t>(buf.bytes());
+  for (int64_t off = 0; off < bytes; off += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, bytes - off));
+    MPI_Request r;
+    MPI_CHECK(MPI_Ibcast(static_cast<char*>(buf.data) + off, n, MPI_BYTE, root, comm_, &r));
+    reqs.push_back(r);
+  }
+  return std::make_unique<MpiRequest>(this, std::move(reqs), nullptr);
+}
+
+void MpiCommunicator::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+
+void MpiCommunicator::progress() {
+  // test() may remove the request from live_, so walk a copy.
+  std::vector<CommRequest*> live = live_;
+  for (CommRequest* r : live) r->test();
+}
+
+double MpiCommunicator::sum(double x) const {
+  double out = 0;
+  MPI_CHECK(MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_SUM, comm_));
+  return out;
+}
+
+double MpiCommunicator::max(double x) const {
+  double out = 0;
+  MPI_CHECK(MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_MAX, comm_));
+  return out;
+}
+
+int64_t MpiCommunicator::max(int64_t x) const {
+  int64_t out = 0;
+  MPI_CHECK(MPI_Allreduce(&x, &out, 1, MPI_INT64_T, MPI_MAX, comm_));
+  return out;
+}
+
+std::string MpiCommunicator::broadcast_string(const std::string& s, int root) const {
+  int64_t n = static_cast<int64_t>(s.size());
+  MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT64_T, root, comm_));
+  std::string out = rank_ == root ? s : std::string(n, '\0');
+  MPI_CHECK(MPI_Bcast(out.data(), as_int_count(n, "broadcast_string"), MPI_CHAR, root, comm_));
+  return out;
+}
+
+std::vector<std::vector<double>> MpiCommunicator::gather_to_root(
+    const std::vector<double>& mine) const {
+  const int n = static_cast<int>(mine.size());
+  std::vector<double> all(rank_ == 0 ? static_cast<size_t>(n) * world_ : 0);
+  MPI_CHECK(MPI_Gather(mine.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, 0, comm_));
+  std::vector<std::vector<double>> rows;
+  if (rank_ == 0)
+    for (int r = 0; r < world_; ++r) rows.emplace_back(all.begin() + r * n, all.begin() + (r + 1) * n);
+  return rows;
+}
+
+void MpiCommunicator::gather_to_root(const float* mine, int64_t n, float* root_out) const {
+  std::vector<float> chunk_all;
+  for (int64_t off = 0; off < n; off += kMaxChunk) {
+    const int64_t c = std::min(kMaxChunk, n - off);
+    if (rank_ == 0) chunk_all.resize(static_cast<size_t>(c) * world_);
+    MPI_CHECK(MPI_Gather(mine + off, static_cast<int>(c), MPI_FLOAT, chunk_all.data(),
+                         static_cast<int>(c), MPI_FLOAT, 0, comm_));
+    if (rank_ == 0)
+      for (int r = 0; r < world_; ++r)
+        std::memcpy(root_out + r * n + off, chunk_all.data() + static_cast<size_t>(r) * c,
+                    c * sizeof(float));
+  }
+}
+
+void agree_on_error_message(const MpiCommunicator& comm, const std::string& my_error) {
+  const int64_t first_bad =
+      -comm.max(my_error.empty() ? int64_t{-comm.world()} : int64_t{-comm.rank()});
+  if (first_bad >= comm.world()) return;  // nobody failed
+  const std::string msg = comm.broadcast_string(my_error, static_cast<int>(first_bad));
+  if (!my_error.empty()) throw AgreedUsageError(my_error);
+  throw AgreedUsageError(fmt::format("rank {}: {}", first_bad, msg));
+}
+
+int local_rank_of(MPI_Comm comm) {
+  // Ranks that share memory share a node, whatever the launcher (mpirun, srun, ...).
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int r = 0;
+  MPI_CHECK(MPI_Comm_rank(node, &r));
+  MPI_CHECK(MPI_Comm_free(&node));
+  return r;
+}
+
+void wait_all(std::vector<CommHandle>& handles) {
+  for (auto& h : handles) h->wait();
+  handles.clear();
+}
+
+}  // namespace trainer

@@ -1,0 +1,69 @@
+// Communicator over MPI for host buffers (the CPU backend), plus the small host-side helpers the
+// runtime needs whatever the device: scalar reductions, string broadcast, local rank.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace trainer {
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD);
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  DeviceKind device() const override { return DeviceKind::kCpu; }
+  CommHandle all_reduce_sum(BufferView buf) override;
+  CommHandle reduce_scatter_sum(BufferView buf, const std::vector<int64_t>& counts) override;
+  CommHandle all_gather(BufferView buf, const std::vector<int64_t>& counts) override;
+  CommHandle broadcast(BufferView buf, int root) override;
+  void barrier() override;
+  void progress() override;
+  std::string name() const override { return "mpi"; }
+
+  MPI_Comm comm() const { return comm_; }
+
+  // Blocking host-side helpers.
+  double sum(double x) const;
+  double max(double x) const;
+  int64_t max(int64_t x) const;
+  std::string broadcast_string(const std::string& s, int root) const;
+  // Rank 0 receives every rank's `n` floats, in rank order, into root_out[world * n] (ignored
+  // elsewhere). Any n (large transfers are chunked).
+  void gather_to_root(const float* mine, int64_t n, float* root_out) const;
+  // Rank 0 receives every rank's values (rows in rank order); others get an empty vector.
+  std::vector<std::vector<double>> gather_to_root(const std::vector<double>& mine) const;
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, world_ = 1;
+  std::vector<CommRequest*> live_;  // requests not yet complete, for progress()
+  friend class MpiRequest;
+};
+
+// Rank within this node: the rank in a shared-memory split of `comm`.
+int local_rank_of(MPI_Comm comm);
+
+// Runs `check` on every rank; if it throws UsageError on any rank, every rank throws a UsageError
+// carrying the message of the lowest failing rank, so all ranks stop with the same clear error.
+template <typename F>
+void agree_on_usage_errors(const MpiCommunicator& comm, F&& check);
+void agree_on_error_message(const MpiCommunicator& comm, const std::string& my_error);
+
+template <typename F>
+void agree_on_usage_errors(const MpiCommunicator& comm, F&& check) {
+  std::string err;
+  try {
+    check();
+  } catch (const UsageError& e) {
+    err = e.what();
+    if (err.empty()) err = "unknown error";
+  }
+  agree_on_error_message(comm, err);
+}
+
+}  // namespace trainer

@@ -1,0 +1,110 @@
+#include "core/device_buffer.h"
+
+#include <sys/resource.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#ifdef TRAINER_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.h"
+#endif
+
+namespace trainer {
+
+DeviceBuffer::DeviceBuffer(DeviceKind device, DType dtype, int64_t count) {
+  TRAINER_CHECK(count >= 0, "negative buffer size {}", count);
+  view_.count = count;
+  view_.dtype = dtype;
+  view_.device = device;
+  const size_t bytes = view_.bytes();
+  if (bytes == 0) return;
+  if (device == DeviceKind::kCpu) {
+    // 64-byte alignment for vector loads; aligned_alloc needs a size multiple of the alignment.
+    view_.data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!view_.data) throw std::bad_alloc();
+    std::memset(view_.data, 0, bytes);
+  } else {
+#ifdef TRAINER_WITH_CUDA
+    CUDA_CHECK(cudaMalloc(&view_.data, bytes));
+    CUDA_CHECK(cudaMemset(view_.data, 0, bytes));
+#else
+    runtime_error("this binary was built without the CUDA backend");
+#endif
+  }
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  std::swap(view_, o.view_);
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (!view_.data) return;
+  if (view_.device == DeviceKind::kCpu) {
+    std::free(view_.data);
+  } else {
+#ifdef TRAINER_WITH_CUDA
+    cudaFree(view_.data);
+#endif
+  }
+}
+
+void copy(BufferView dst, BufferView src) {
+  TRAINER_CHECK(dst.count == src.count && dst.dtype == src.dtype, "copy of {} {} into {} {}",
+                src.count, dtype_name(src.dtype), dst.count, dtype_name(dst.dtype));
+  if (src.bytes() == 0) return;
+  if (dst.device == DeviceKind::kCpu && src.device == DeviceKind::kCpu) {
+    std::memcpy(dst.data, src.data, src.bytes());
+    return;
+  }
+#ifdef TRAINER_WITH_CUDA
+  CUDA_CHECK(cudaMemcpy(dst.data, src.data, src.bytes(), cudaMemcpyDefault));
+#else
+  runtime_error("copy to or from a CUDA buffer in a build without CUDA");
+#endif
+}
+
+void zero(BufferView dst) {
+  if (dst.bytes() == 0) return;
+  if (dst.device == DeviceKind::kCpu) {
+    std::memset(dst.data, 0, dst.bytes());
+    return;
+  }
+#ifdef TRAINER_WITH_CUDA
+  CUDA_CHECK(cudaMemset(dst.data, 0, dst.bytes()));
+#endif
+}
+
+int cuda_device_count() {
+#ifdef TRAINER_WITH_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+#else
+  return 0;
+#endif
+}
+
+bool cuda_available() { return cuda_device_count() > 0; }
+
+int64_t memory_in_use(DeviceKind device) {
+  if (device == DeviceKind::kCuda) {
+#ifdef TRAINER_WITH_CUDA
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return static_cast<int64_t>(total_b - free_b);
+#endif
+  }
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+}  // namespace trainer

@@ -1,0 +1,46 @@
+// An owning, zero-initialised allocation on the CPU or a CUDA device, made once at start-up.
+#pragma once
+
+#include <cstdint>
+
+#include "core/buffer.h"
+
+namespace trainer {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceKind device, DType dtype, int64_t count);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  BufferView view() const { return view_; }
+  BufferView slice(int64_t offset, int64_t n) const { return view_.slice(offset, n); }
+  int64_t count() const { return view_.count; }
+  size_t bytes() const { return view_.bytes(); }
+  template <typename T>
+  T* as() const {
+    return view_.as<T>();
+  }
+
+ private:
+  BufferView view_;
+};
+
+// Copies between views of equal size and dtype on any devices (synchronous).
+void copy(BufferView dst, BufferView src);
+// Sets every element to zero.
+void zero(BufferView dst);
+
+// True when the binary has the CUDA backend and a device is visible.
+bool cuda_available();
+// Number of visible CUDA devices (0 without the CUDA backend).
+int cuda_device_count();
+// Memory in use: on CUDA the device's used bytes (total - free, as cudaMemGetInfo sees it); on
+// the CPU the process's peak resident set.
+int64_t memory_in_use(DeviceKind device);
+
+}  // namespace trainer

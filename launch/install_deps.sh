@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what the build needs on Debian 12 / Ubuntu 24.04, skipping what is already there.
+# The CUDA toolkit is not installed here: the CUDA backend is built when one is found.
+set -euo pipefail
+pkgs=(build-essential cmake libopenmpi-dev openmpi-bin libspdlog-dev libfmt-dev catch2
+      libcli11-dev nlohmann-json3-dev fortunes python3)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "installing: ${missing[*]}"
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,12 @@
+// make_cuda_replica in a build without the CUDA backend.
+#include "core/error.h"
+#include "model/replica.h"
+
+namespace trainer {
+
+std::unique_ptr<Replica> make_cuda_replica(const ModelConfig&, const ReplicaOptions&) {
+  usage_error("--device cuda: this binary was built without the CUDA backend (rebuild with a CUDA "
+              "toolkit and -DTRAINER_CUDA=ON)");
+}
+
+}  // namespace trainer

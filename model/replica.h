@@ -1,0 +1,83 @@
+// The backend seam: one rank's replica of the model on one device.
+//
+// The training loop, the gradient synchronisers and ZeRO-1 only see this interface; the CPU
+// reference (model/cpu) and the CUDA backend (model/cuda) implement it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/buffer.h"
+#include "model/config.h"
+#include "model/layout.h"
+
+namespace trainer {
+
+// Called by backward as the gradient of tensor `index` (into ParamLayout::tensors()) becomes
+// final; indices arrive in increasing order, so tensors [0, index] are then all final.
+using GradReadyFn = std::function<void(int index)>;
+
+enum class Precision { kFp32, kTf32, kBf16 };
+
+struct ReplicaOptions {
+  int64_t max_batch = 1;       // sequences per micro-batch the buffers are sized for
+  int64_t flat_elems = 0;      // size of the flat buffers (>= layout.total(); padding for shards)
+  Precision precision = Precision::kFp32;
+  std::string attention = "flash";  // CUDA: "flash" or "simple"
+  int device_index = 0;             // CUDA device ordinal
+};
+
+// A micro-batch in host memory: `batch` rows of `seq` token ids each.
+struct MicroBatch {
+  const int32_t* inputs = nullptr;
+  const int32_t* targets = nullptr;
+  int64_t batch = 0;
+  int64_t seq = 0;
+};
+
+class Replica {
+ public:
+  virtual ~Replica() = default;
+
+  virtual DeviceKind device() const = 0;
+  virtual const ModelConfig& config() const = 0;
+  virtual const ParamLayout& layout() const = 0;
+
+  // Working parameters (what forward reads: fp32 on the CPU, bf16 or fp32 on CUDA) and the fp32
+  // gradient accumulator; both are flat buffers of ReplicaOptions::flat_elems elements.
+  virtual BufferView params() = 0;
+  virtual BufferView grads() = 0;
+
+  // Forward of one micro-batch; keeps what backward needs. The token losses are summed on the
+  // device (no host synchronisation); take_loss() reads them.
+  virtual void forward(const MicroBatch& mb) = 0;
+  // Mean token loss over every micro-batch forwarded since the last call; waits for the device.
+  virtual float take_loss() = 0;
+  // Backward of the last forward: grads += scale * d(sum of this micro-batch's token losses)/dp.
+  // `ready` (may be empty) is told as each tensor's gradient is final.
+  virtual void backward(float scale, const GradReadyFn& ready) = 0;
+  // Mean token loss without keeping activations (validation).
+  virtual float evaluate(const MicroBatch& mb) = 0;
+  virtual void zero_grads() = 0;
+
+  // Sets the working parameters from fp32 values of the whole flat buffer (host memory).
+  virtual void set_params(const float* host) = 0;
+
+  // Bytes of activation memory held for the configured max batch and ctx.
+  virtual int64_t activation_bytes() const = 0;
+
+  // Makes the host wait for all work queued on this replica's device (no-op on the CPU).
+  virtual void synchronize() {}
+  // The compute stream (a cudaStream_t on CUDA, nullptr on the CPU): collectives on gradients
+  // are ordered after the work queued on it.
+  virtual void* stream() { return nullptr; }
+};
+
+// The CPU reference replica (fp32).
+std::unique_ptr<Replica> make_cpu_replica(const ModelConfig& c, const ReplicaOptions& o);
+// The CUDA replica; throws RuntimeError in a build without CUDA.
+std::unique_ptr<Replica> make_cuda_replica(const ModelConfig& c, const ReplicaOptions& o);
+
+}  // namespace trainer

@@ -1,0 +1,176 @@
+#include "optim/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "optim/cuda/adamw.cuh"
+
+namespace trainer {
+
+namespace {
+
+#ifndef TRAINER_WITH_CUDA
+[[noreturn]] void no_cuda(const char* what) {
+  runtime_error("{} on a CUDA buffer in a build without the CUDA backend", what);
+}
+#endif
+
+// The per-step scalars of torch.optim.AdamW, in double, rounded to float once.
+AdamWStepArgs make_step_args(const AdamWConfig& cfg, double lr, int64_t t, float grad_scale) {
+  const double bias_correction1 = 1.0 - std::pow(cfg.beta1, static_cast<double>(t));
+  const double bias_correction2 = 1.0 - std::pow(cfg.beta2, static_cast<double>(t));
+  AdamWStepArgs a;
+  a.beta1 = static_cast<float>(cfg.beta1);
+  a.beta2 = static_cast<float>(cfg.beta2);
+  a.one_minus_beta1 = static_cast<float>(1.0 - cfg.beta1);
+  a.one_minus_beta2 = static_cast<float>(1.0 - cfg.beta2);
+  a.eps = static_cast<float>(cfg.eps);
+  a.decay = static_cast<float>(1.0 - lr * cfg.weight_decay);
+  a.step_size = static_cast<float>(lr / bias_correction1);
+  a.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  a.grad_scale = grad_scale;
+  return a;
+}
+
+void check_view(const BufferView& v, int64_t count, DeviceKind device, const char* what) {
+  TRAINER_CHECK(v.count == count, "{} has {} elements, the optimizer {}", what, v.count, count);
+  TRAINER_CHECK(v.device == device, "{} is on another device than the optimizer state", what);
+  TRAINER_CHECK(v.count == 0 || v.data != nullptr, "{} is a null view of {} elements", what,
+                v.count);
+}
+
+}  // namespace
+
+void validate(const AdamWConfig& cfg) {
+  if (!std::isfinite(cfg.lr) || cfg.lr < 0)
+    usage_error("--lr must be a finite number >= 0, got {}", cfg.lr);
+  if (!(cfg.beta1 >= 0 && cfg.beta1 < 1))
+    usage_error("--beta1 must lie in [0, 1), got {}", cfg.beta1);
+  if (!(cfg.beta2 >= 0 && cfg.beta2 < 1))
+    usage_error("--beta2 must lie in [0, 1), got {}", cfg.beta2);
+  if (!std::isfinite(cfg.eps) || cfg.eps < 0)
+    usage_error("--eps must be a finite number >= 0, got {}", cfg.eps);
+  if (!std::isfinite(cfg.weight_decay) || cfg.weight_decay < 0)
+    usage_error("--weight-decay must be a finite number >= 0, got {}", cfg.weight_decay);
+}
+
+AdamW::AdamW(DeviceKind device, int64_t count, AdamWConfig cfg)
+    : device_(device), count_(count), cfg_(cfg) {
+  validate(cfg_);
+  TRAINER_CHECK(count >= 0, "AdamW over {} elements", count);
+  master_ = DeviceBuffer(device, DType::kF32, count);
+  exp_avg_ = DeviceBuffer(device, DType::kF32, count);
+  exp_avg_sq_ = DeviceBuffer(device, DType::kF32, count);
+}
+
+// AdamW update over the range; the element math is adamw_update() in optim/cuda/adamw.cuh.
+void AdamW::step(BufferView grads, BufferView params_out, double lr, int64_t t, float grad_scale,
+                 void* stream) {
+  TRAINER_CHECK(t >= 1, "AdamW step number {} (steps count from 1)", t);
+  TRAINER_CHECK(std::isfinite(lr) && lr >= 0, "AdamW learning rate {}", lr);
+  check_view(grads, count_, device_, "gradient view");
+  check_view(params_out, count_, device_, "parameter view");
+  TRAINER_CHECK(grads.dtype == DType::kF32, "gradients are {}, AdamW needs f32",
+                dtype_name(grads.dtype));
+  TRAINER_CHECK(params_out.dtype == DType::kF32 || params_out.dtype == DType::kBF16,
+                "AdamW writes f32 or bf16 parameters, not {}", dtype_name(params_out.dtype));
+  if (count_ == 0) return;
+  const AdamWStepArgs a = make_step_args(cfg_, lr, t, grad_scale);
+  float* p = master_.as<float>();
+  float* m = exp_avg_.as<float>();
+  float* v = exp_avg_sq_.as<float>();
+  const float* g = grads.as<const float>();
+  const int64_t n = count_;
+
+  if (device_ == DeviceKind::kCuda) {
+#ifdef TRAINER_WITH_CUDA
+    cuda::adamw_step(p, m, v, g, params_out.data, params_out.dtype == DType::kBF16, n, a, stream);
+    return;
+#else
+    (void)stream;
+    no_cuda("AdamW::step");
+#endif
+  }
+  if (params_out.dtype == DType::kF32) {
+    float* out = params_out.as<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      adamw_update(p[i], m[i], v[i], g[i], a);
+      out[i] = p[i];
+    }
+  } else {
+    uint16_t* out = params_out.as<uint16_t>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      adamw_update(p[i], m[i], v[i], g[i], a);
+      out[i] = f32_to_bf16_bits(p[i]);
+    }
+  }
+}
+
+double sum_squares(BufferView x, void* stream) {
+  TRAINER_CHECK(x.dtype == DType::kF32, "sum_squares of a {} buffer (needs f32)",
+                dtype_name(x.dtype));
+  if (x.count == 0) return 0.0;
+  const float* data = x.as<const float>();
+  if (x.device == DeviceKind::kCuda) {
+#ifdef TRAINER_WITH_CUDA
+    return cuda::sum_squares(data, x.count, stream);
+#else
+    (void)stream;
+    no_cuda("sum_squares");
+#endif
+  }
+  // Fixed chunks summed in double, then the chunk sums in order: the result does not depend on
+  // the number of threads (an OpenMP reduction clause would combine in arrival order).
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  const int64_t chunks = (x.count + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks));
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t end = std::min(x.count, (c + 1) * kChunk);
+    double s = 0.0;
+    for (int64_t i = c * kChunk; i < end; ++i) s += static_cast<double>(data[i]) * data[i];
+    partial[static_cast<size_t>(c)] = s;
+  }
+  double total = 0.0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+void cast_f32_to_params(BufferView src_f32, BufferView dst, void* stream) {
+  TRAINER_CHECK(src_f32.dtype == DType::kF32, "cast source is {}, needs f32",
+                dtype_name(src_f32.dtype));
+  TRAINER_CHECK(dst.dtype == DType::kF32 || dst.dtype == DType::kBF16,
+                "cast target is {}, needs f32 or bf16", dtype_name(dst.dtype));
+  TRAINER_CHECK(src_f32.count == dst.count, "cast of {} elements into {}", src_f32.count,
+                dst.count);
+  TRAINER_CHECK(src_f32.device == dst.device, "cast between different devices");
+  const int64_t n = src_f32.count;
+  // Nothing to do for an empty range or an fp32 copy onto itself (memcpy must not overlap).
+  if (n == 0 || (dst.dtype == DType::kF32 && dst.data == src_f32.data)) return;
+  if (dst.device == DeviceKind::kCuda) {
+#ifdef TRAINER_WITH_CUDA
+    if (dst.dtype == DType::kF32)
+      cuda::copy_async(dst.data, src_f32.data, dst.bytes(), stream);
+    else
+      cuda::cast_f32_to_bf16(src_f32.as<const float>(), dst.as<uint16_t>(), n, stream);
+    return;
+#else
+    (void)stream;
+    no_cuda("cast_f32_to_params");
+#endif
+  }
+  if (dst.dtype == DType::kF32) {
+    copy(dst, src_f32);
+    return;
+  }
+  const float* src = src_f32.as<const float>();
+  uint16_t* out = dst.as<uint16_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16_bits(src[i]);
+}
+
+}  // namespace trainer

@@ -1,0 +1,76 @@
+// AdamW with the semantics of torch.optim.AdamW (SPEC.md), over one contiguous range of the flat
+// parameter buffer: the whole model for plain data parallelism, one rank's slice under ZeRO-1.
+// The state lives on the device of the buffers it updates; the CPU path is an OpenMP loop, the
+// CUDA path a vectorised kernel, and both do the same fp32 arithmetic per element.
+#pragma once
+
+#include <cstdint>
+
+#include "core/buffer.h"
+#include "core/device_buffer.h"
+
+namespace trainer {
+
+// Hyper-parameters; the defaults are SPEC.md's. Weight decay applies to every parameter.
+struct AdamWConfig {
+  double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+// Throws UsageError naming the flag (--lr, --beta1, --beta2, --eps, --weight-decay) of a value out
+// of range: lr, eps, weight_decay finite and >= 0; betas in [0, 1).
+void validate(const AdamWConfig& cfg);
+
+// The AdamW state of one contiguous range of the flat parameter buffer, on the device the buffers
+// live on (CPU loop or CUDA kernel): fp32 master weights, m, v. For step t (1, 2, ...), per element
+// with gradient g (already multiplied by grad_scale):
+//   p = p * (1 - lr*wd)
+//   m = beta1*m + (1-beta1)*g
+//   v = beta2*v + (1-beta2)*g^2
+//   p = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// The bias corrections are computed in double on the host and passed to the loop as floats; the
+// per-element math is fp32, like PyTorch's fp32 path.
+class AdamW {
+ public:
+  // Allocates 3 * count fp32 zeros on `device` (the current CUDA device for kCuda). The caller
+  // fills master() with the initial parameters. Throws UsageError for a bad cfg.
+  AdamW(DeviceKind device, int64_t count, AdamWConfig cfg);
+
+  // fp32 master weights (the parameters the updates accumulate into), count elements.
+  BufferView master() const { return master_.view(); }
+  // First moment m, count fp32 elements (torch's "exp_avg").
+  BufferView exp_avg() const { return exp_avg_.view(); }
+  // Second moment v, count fp32 elements (torch's "exp_avg_sq").
+  BufferView exp_avg_sq() const { return exp_avg_sq_.view(); }
+  // Bytes of optimizer state: 12 * count (master, m, v in fp32).
+  int64_t state_bytes() const { return 12 * count_; }
+  int64_t count() const { return count_; }
+  DeviceKind device() const { return device_; }
+  const AdamWConfig& config() const { return cfg_; }
+
+  // One step (t >= 1) with learning rate lr: grads (fp32, count elements, multiplied by grad_scale
+  // first — that is how clipping is applied), then the updated master is written into params_out
+  // (fp32 or bf16, count elements; round-to-nearest-even for bf16). stream: cudaStream_t or
+  // nullptr. On CUDA the call is asynchronous on `stream`; on the CPU it returns when done. All
+  // views must be on this optimizer's device. cfg.lr is not used here: the schedule's lr is passed
+  // in.
+  void step(BufferView grads, BufferView params_out, double lr, int64_t t, float grad_scale,
+            void* stream = nullptr);
+
+ private:
+  DeviceKind device_;
+  int64_t count_;
+  AdamWConfig cfg_;
+  DeviceBuffer master_, exp_avg_, exp_avg_sq_;
+};
+
+// Sum of squares of an fp32 buffer, accumulated in double on the CPU and in fp32 blocks then double
+// on CUDA; returns it on the host (synchronises the stream on CUDA). The result is deterministic:
+// the reduction order depends only on the element count (and, on CUDA, the pointer alignment).
+double sum_squares(BufferView x, void* stream = nullptr);
+
+// dst = src, where src is fp32 and dst fp32 (a copy) or bf16 (round-to-nearest-even, NaN -> the
+// canonical 0x7FFF); both on the same device, same count. Refreshes working parameters from fp32
+// masters. Asynchronous on `stream` (cudaStream_t or nullptr) on CUDA.
+void cast_f32_to_params(BufferView src_f32, BufferView dst, void* stream = nullptr);
+
+}  // namespace trainer

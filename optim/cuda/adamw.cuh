@@ -1,0 +1,74 @@
+// What the CPU loop (optim/adamw.cpp, compiled by the host compiler) and the CUDA kernels
+// (optim/cuda/adamw.cu) share: the per-element AdamW update and the bf16 rounding, written once
+// so both backends do the same fp32 operations in the same order, and the CUDA launchers.
+//
+// Every multiply-add that could be contracted is written as an explicit fmaf, and nothing else is
+// contractible, so host (-mfma) and device (nvcc --fmad) code round identically.
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define TRAINER_HD __host__ __device__
+#else
+#define TRAINER_HD
+#endif
+
+namespace trainer {
+
+// Per-step scalars, computed in double on the host (AdamW::step) and rounded to float once.
+struct AdamWStepArgs {
+  float beta1, beta2;
+  float one_minus_beta1, one_minus_beta2;
+  float eps;
+  float decay;                  // 1 - lr * weight_decay
+  float step_size;              // lr / (1 - beta1^t)
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  float grad_scale;             // clipping factor applied to every gradient
+};
+
+// One element of torch.optim.AdamW (fp32 path):
+//   g = g_raw * grad_scale
+//   m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g*g
+//   p = p*decay - step_size * m / (sqrt(v)/sqrt(1-beta2^t) + eps)
+TRAINER_HD inline void adamw_update(float& p, float& m, float& v, float g_raw,
+                                    const AdamWStepArgs& a) {
+  const float g = g_raw * a.grad_scale;
+  m = fmaf(a.beta1, m, a.one_minus_beta1 * g);
+  v = fmaf(a.beta2, v, (a.one_minus_beta2 * g) * g);
+  const float denom = sqrtf(v) / a.bias_correction2_sqrt + a.eps;
+  p = fmaf(-a.step_size, m / denom, p * a.decay);
+}
+
+// fp32 -> bf16 bits, round to nearest even (overflow goes to inf); any NaN becomes the canonical
+// quiet NaN 0x7FFF, which is what the hardware conversion (cvt.rn.bf16.f32) produces.
+TRAINER_HD inline uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+namespace cuda {
+
+// Launchers (defined in adamw.cu). Pointers are device pointers; stream is a cudaStream_t or
+// nullptr; all calls are asynchronous except sum_squares, which synchronises `stream`.
+//
+// master, m, v, grads: n fp32; out: n fp32 (out_bf16 = false) or n bf16 (out_bf16 = true). out may
+// alias master. float4 loads are used when every pointer allows them, scalar loads otherwise.
+void adamw_step(float* master, float* m, float* v, const float* grads, void* out, bool out_bf16,
+                int64_t n, const AdamWStepArgs& args, void* stream);
+// sum of x[i]^2: each thread accumulates its grid-stride elements in fp32, blocks reduce in double
+// in a fixed order, the block partials are summed on the host in index order (no atomics).
+double sum_squares(const float* x, int64_t n, void* stream);
+// dst[i] = bf16(src[i]) with round-to-nearest-even.
+void cast_f32_to_bf16(const float* src, uint16_t* dst, int64_t n, void* stream);
+// Device-to-device copy of `bytes` bytes on `stream`.
+void copy_async(void* dst, const void* src, size_t bytes, void* stream);
+
+}  // namespace cuda
+}  // namespace trainer

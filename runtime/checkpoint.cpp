@@ -1,0 +1,152 @@
+#include "runtime/checkpoint.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "runtime/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+namespace {
+
+constexpr const char* kFormat = "trainer-checkpoint-v1";
+
+void add_tensors(SafetensorsWriter& w, const ParamLayout& L, const std::string& prefix,
+                 const float* flat) {
+  for (const ParamTensor* t : L.spec_order())
+    w.add(prefix + t->name, "F32", t->shape, flat + t->offset, t->numel * sizeof(float));
+}
+
+void read_tensors(const SafetensorsReader& r, const ParamLayout& L, const std::string& prefix,
+                  float* flat) {
+  for (const ParamTensor* t : L.spec_order())
+    r.read_f32(prefix + t->name, t->shape, flat + t->offset);
+}
+
+}  // namespace
+
+nlohmann::json config_to_json(const ModelConfig& c) {
+  return {{"vocab", c.vocab},     {"d_model", c.d_model}, {"d_ff", c.d_ff},
+          {"n_layers", c.n_layers}, {"n_heads", c.n_heads}, {"ctx", c.ctx}};
+}
+
+ModelConfig config_from_json(const nlohmann::json& j) {
+  ModelConfig c;
+  c.vocab = j.at("vocab");
+  c.d_model = j.at("d_model");
+  c.d_ff = j.at("d_ff");
+  c.n_layers = j.at("n_layers");
+  c.n_heads = j.at("n_heads");
+  c.ctx = j.at("ctx");
+  return c;
+}
+
+void save_model(const std::string& path, const ParamLayout& L, const float* flat,
+                const nlohmann::json& meta) {
+  SafetensorsWriter w;
+  add_tensors(w, L, "", flat);
+  w.set_metadata("format", "pt");  // what safetensors.torch writes; harmless for other readers
+  for (auto it = meta.begin(); it != meta.end(); ++it)
+    w.set_metadata(it.key(), it->is_string() ? it->get<std::string>() : it->dump());
+  w.write(path);
+}
+
+void load_model(const std::string& path, const ParamLayout& L, float* flat) {
+  read_tensors(SafetensorsReader::open(path), L, "", flat);
+}
+
+void save_checkpoint(const std::string& dir, const ParamLayout& L, const float* params,
+                     const float* exp_avg, const float* exp_avg_sq, const CheckpointMeta& meta) {
+  const fs::path final_dir(dir);
+  const fs::path tmp_dir = final_dir.string() + ".tmp-" + std::to_string(::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+  if (!fs::create_directories(tmp_dir, ec) && ec)
+    usage_error("cannot create checkpoint directory {}: {}", tmp_dir.string(), ec.message());
+
+  save_model((tmp_dir / "model.safetensors").string(), L, params);
+  SafetensorsWriter w;
+  add_tensors(w, L, "exp_avg.", exp_avg);
+  add_tensors(w, L, "exp_avg_sq.", exp_avg_sq);
+  w.set_metadata("format", kFormat);
+  w.set_metadata("step", std::to_string(meta.step));
+  w.set_metadata("config", meta.config.dump());
+  w.set_metadata("run", meta.run.dump());
+  w.write((tmp_dir / "optimizer.safetensors").string());
+
+  // Swap the complete directory into place; an older one of the same name is removed after.
+  const fs::path old_dir = final_dir.string() + ".old-" + std::to_string(::getpid());
+  if (fs::exists(final_dir)) fs::rename(final_dir, old_dir, ec);
+  fs::rename(tmp_dir, final_dir, ec);
+  if (ec) usage_error("cannot move checkpoint into {}: {}", final_dir.string(), ec.message());
+  fs::remove_all(old_dir, ec);
+}
+
+CheckpointMeta load_checkpoint(const std::string& dir, const ParamLayout& L,
+                               const ModelConfig& expected, float* params, float* exp_avg,
+                               float* exp_avg_sq) {
+  if (!fs::is_directory(dir))
+    usage_error("--resume {}: not a checkpoint directory (expected DIR/step_N with "
+                "model.safetensors and optimizer.safetensors)",
+                dir);
+  const std::string opt_path = (fs::path(dir) / "optimizer.safetensors").string();
+  const std::string model_path = (fs::path(dir) / "model.safetensors").string();
+  for (const auto& p : {model_path, opt_path})
+    if (!fs::exists(p)) usage_error("checkpoint {} is incomplete: {} is missing", dir, p);
+
+  SafetensorsReader opt = SafetensorsReader::open(opt_path);
+  const auto& md = opt.metadata();
+  auto field = [&](const char* key) -> const std::string& {
+    auto it = md.find(key);
+    if (it == md.end()) usage_error("{}: metadata has no '{}' (not a trainer checkpoint?)", opt_path, key);
+    return it->second;
+  };
+  if (field("format") != kFormat)
+    usage_error("{}: format '{}' is not {}", opt_path, field("format"), kFormat);
+  CheckpointMeta meta;
+  try {
+    meta.step = std::stoll(field("step"));
+    meta.config = nlohmann::json::parse(field("config"));
+    meta.run = nlohmann::json::parse(field("run"));
+    const ModelConfig saved = config_from_json(meta.config);
+    const std::pair<const char*, std::pair<int64_t, int64_t>> dims[] = {
+        {"--vocab", {saved.vocab, expected.vocab}},
+        {"--d-model", {saved.d_model, expected.d_model}},
+        {"--d-ff", {saved.d_ff, expected.d_ff}},
+        {"--layers", {saved.n_layers, expected.n_layers}},
+        {"--heads", {saved.n_heads, expected.n_heads}}};
+    for (const auto& [flag, v] : dims)
+      if (v.first != v.second)
+        usage_error("checkpoint {} has {} {} but this run has {}", dir, flag, v.first, v.second);
+  } catch (const nlohmann::json::exception& e) {
+    usage_error("{}: unreadable metadata: {}", opt_path, e.what());
+  } catch (const std::logic_error& e) {  // stoll
+    usage_error("{}: unreadable step '{}'", opt_path, field("step"));
+  }
+  if (params) load_model(model_path, L, params);
+  if (exp_avg) read_tensors(opt, L, "exp_avg.", exp_avg);
+  if (exp_avg_sq) read_tensors(opt, L, "exp_avg_sq.", exp_avg_sq);
+  return meta;
+}
+
+std::string latest_checkpoint(const std::string& out) {
+  std::string best;
+  int64_t best_step = -1;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory() || name.rfind("step_", 0) != 0) continue;
+    const std::string digits = name.substr(5);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const int64_t s = std::stoll(digits);
+    if (s > best_step) best_step = s, best = e.path().string();
+  }
+  return best;
+}
+
+}  // namespace trainer

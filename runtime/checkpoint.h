@@ -1,0 +1,49 @@
+// Checkpoints: weights in model.safetensors under SPEC.md's names (loadable with
+// safetensors.torch.load_file), AdamW state in optimizer.safetensors ("exp_avg.<name>",
+// "exp_avg_sq.<name>") whose __metadata__ holds the step, the model config and the run settings.
+//
+// Everything is stored per named tensor, independent of the world size, the flat layout and
+// ZeRO-1 sharding, so a checkpoint written by N ranks resumes on any M. A checkpoint directory
+// is written under a temporary name and renamed into place, so it is either whole or absent.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/layout.h"
+
+namespace trainer {
+
+// Writes DIR/model.safetensors from a flat fp32 buffer (atomic).
+void save_model(const std::string& path, const ParamLayout& L, const float* flat,
+                const nlohmann::json& meta = {});
+// Reads model.safetensors into a flat fp32 buffer (padding left untouched). Missing tensors,
+// wrong shapes or dtypes throw UsageError naming the file and tensor.
+void load_model(const std::string& path, const ParamLayout& L, float* flat);
+
+struct CheckpointMeta {
+  int64_t step = 0;        // optimizer steps completed
+  nlohmann::json config;   // model dimensions
+  nlohmann::json run;      // global batch, ctx, sampler, seed, world, lr settings, ...
+};
+
+nlohmann::json config_to_json(const ModelConfig& c);
+ModelConfig config_from_json(const nlohmann::json& j);
+
+// Writes DIR (e.g. out/step_100) with model.safetensors and optimizer.safetensors, atomically.
+void save_checkpoint(const std::string& dir, const ParamLayout& L, const float* params,
+                     const float* exp_avg, const float* exp_avg_sq, const CheckpointMeta& meta);
+
+// Reads a checkpoint directory: metadata, and the flat fp32 params / AdamW moments (each may be
+// null to skip). Checks the model dimensions against `expected` and names the first mismatch.
+CheckpointMeta load_checkpoint(const std::string& dir, const ParamLayout& L,
+                               const ModelConfig& expected, float* params, float* exp_avg,
+                               float* exp_avg_sq);
+
+// The newest complete step_N directory under `out` ("" if none).
+std::string latest_checkpoint(const std::string& out);
+
+}  // namespace trainer

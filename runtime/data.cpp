@@ -1,0 +1,472 @@
+#include "runtime/data.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+
+#include "core/error.h"
+
+namespace trainer {
+
+static_assert(std::endian::native == std::endian::little,
+              "token files and safetensors are little-endian; this host is not");
+
+// ---------------------------------------------------------------------------------------------
+// MappedFile
+
+MappedFile MappedFile::open(const std::string& path, const std::string& what) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) usage_error("cannot open {} '{}': {}", what, path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    usage_error("cannot stat {} '{}': {}", what, path, std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    usage_error("{} '{}' is not a regular file", what, path);
+  }
+  MappedFile m;
+  m.path_ = path;
+  m.size_ = static_cast<size_t>(st.st_size);
+  if (m.size_ > 0) {  // mmap of length 0 is an error; an empty file simply has no bytes
+    void* p = ::mmap(nullptr, m.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int e = errno;
+      ::close(fd);
+      usage_error("cannot map {} '{}': {}", what, path, std::strerror(e));
+    }
+    m.bytes_ = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);  // the mapping keeps the file alive
+  return m;
+}
+
+void MappedFile::release() {
+  if (bytes_ != nullptr) ::munmap(const_cast<uint8_t*>(bytes_), size_);
+  bytes_ = nullptr;
+  size_ = 0;
+}
+
+MappedFile::~MappedFile() { release(); }
+
+MappedFile::MappedFile(MappedFile&& o) noexcept
+    : path_(std::move(o.path_)), bytes_(o.bytes_), size_(o.size_) {
+  o.bytes_ = nullptr;
+  o.size_ = 0;
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+  if (this != &o) {
+    release();
+    path_ = std::move(o.path_);
+    bytes_ = o.bytes_;
+    size_ = o.size_;
+    o.bytes_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Atomic writes
+
+namespace {
+
+// Closes the temp file and removes it unless the write went through.
+struct TempFile {
+  std::string path;
+  FILE* f = nullptr;
+  bool keep = false;
+  ~TempFile() {
+    if (f != nullptr) std::fclose(f);
+    if (!keep) std::remove(path.c_str());
+  }
+};
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces) {
+  TempFile tmp;
+  tmp.path = fmt::format("{}.tmp.{}", path, ::getpid());
+  tmp.f = std::fopen(tmp.path.c_str(), "wb");
+  if (tmp.f == nullptr) {
+    tmp.keep = true;  // nothing was created
+    usage_error("cannot write '{}': {}", path, std::strerror(errno));
+  }
+  for (const ByteSpan& p : pieces) {
+    if (p.size == 0) continue;
+    if (std::fwrite(p.data, 1, p.size, tmp.f) != p.size)
+      usage_error("cannot write '{}': {}", path, std::strerror(errno));
+  }
+  if (std::fflush(tmp.f) != 0 || ::fsync(::fileno(tmp.f)) != 0)
+    usage_error("cannot write '{}': {}", path, std::strerror(errno));
+  int rc = std::fclose(tmp.f);
+  tmp.f = nullptr;
+  if (rc != 0) usage_error("cannot write '{}': {}", path, std::strerror(errno));
+  if (std::rename(tmp.path.c_str(), path.c_str()) != 0)
+    usage_error("cannot rename '{}' to '{}': {}", tmp.path, path, std::strerror(errno));
+  tmp.keep = true;
+  // Make the rename itself durable: fsync the directory that holds the new entry.
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) usage_error("cannot open directory '{}': {}", dir.string(), std::strerror(errno));
+  int src = ::fsync(dfd);
+  int e = errno;
+  ::close(dfd);
+  if (src != 0) usage_error("cannot fsync directory '{}': {}", dir.string(), std::strerror(e));
+}
+
+// ---------------------------------------------------------------------------------------------
+// .npy header: a Python dict literal such as
+//   {'descr': '<u2', 'fortran_order': False, 'shape': (1000,), }
+
+namespace {
+
+struct PyValue {
+  enum Kind { kStr, kBool, kInt, kTuple, kNone } kind = kNone;
+  std::string raw;  // source text, for error messages
+  std::string str;
+  bool boolean = false;
+  int64_t integer = 0;
+  std::vector<PyValue> items;
+};
+
+class PyLiteralParser {
+ public:
+  PyLiteralParser(std::string_view text, const std::string& path) : s_(text), path_(path) {}
+
+  std::vector<std::pair<std::string, PyValue>> dict() {
+    std::vector<std::pair<std::string, PyValue>> out;
+    skip();
+    expect('{');
+    for (;;) {
+      skip();
+      if (peek() == '}') break;
+      PyValue key = value();
+      if (key.kind != PyValue::kStr) fail("dict key is not a string");
+      skip();
+      expect(':');
+      out.emplace_back(key.str, value());
+      skip();
+      if (peek() == ',') {
+        ++i_;
+        continue;
+      }
+      skip();
+      if (peek() != '}') fail("expected ',' or '}'");
+    }
+    ++i_;
+    return out;
+  }
+
+ private:
+  [[noreturn]] void fail(const char* why) {
+    usage_error("token file '{}': cannot parse the .npy header ({} at column {}): {}", path_, why,
+                i_, std::string(s_));
+  }
+  char peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
+  void skip() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  void expect(char c) {
+    if (peek() != c) fail("unexpected character");
+    ++i_;
+  }
+  bool word(std::string_view w) {
+    if (s_.substr(i_, w.size()) != w) return false;
+    i_ += w.size();
+    return true;
+  }
+
+  PyValue value() {
+    skip();
+    size_t start = i_;
+    PyValue v;
+    char c = peek();
+    if (c == '\'' || c == '"') {
+      ++i_;
+      v.kind = PyValue::kStr;
+      while (i_ < s_.size() && s_[i_] != c) {
+        if (s_[i_] == '\\' && i_ + 1 < s_.size()) ++i_;
+        v.str += s_[i_++];
+      }
+      expect(c);
+    } else if (c == '(' || c == '[') {
+      char close = c == '(' ? ')' : ']';
+      ++i_;
+      v.kind = PyValue::kTuple;
+      for (;;) {
+        skip();
+        if (peek() == close) break;
+        v.items.push_back(value());
+        skip();
+        if (peek() == ',')
+          ++i_;
+        else if (peek() != close)
+          fail("expected ',' or a closing bracket");
+      }
+      ++i_;
+    } else if (std::isdigit(static_cast<unsigned char>(c)) || c == '-') {
+      v.kind = PyValue::kInt;
+      size_t j = i_ + (c == '-' ? 1 : 0);
+      if (j >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[j]))) fail("bad number");
+      while (j < s_.size() && std::isdigit(static_cast<unsigned char>(s_[j]))) ++j;
+      while (j < s_.size() && s_[j] == 'L') ++j;  // Python 2 longs
+      std::string digits(s_.substr(i_, j - i_));
+      errno = 0;
+      v.integer = std::strtoll(digits.c_str(), nullptr, 10);
+      if (errno == ERANGE) fail("number out of range");
+      i_ = j;
+    } else if (word("True")) {
+      v.kind = PyValue::kBool;
+      v.boolean = true;
+    } else if (word("False")) {
+      v.kind = PyValue::kBool;
+    } else if (word("None")) {
+      v.kind = PyValue::kNone;
+    } else {
+      fail("unexpected value");
+    }
+    v.raw = std::string(s_.substr(start, i_ - start));
+    return v;
+  }
+
+  std::string_view s_;
+  const std::string& path_;
+  size_t i_ = 0;
+};
+
+uint32_t load_le32(const uint8_t* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+
+bool has_npy_extension(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext == ".npy";
+}
+
+std::string shape_text(const std::vector<PyValue>& dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += dims[i].raw;
+  }
+  return s + (dims.size() == 1 ? ",)" : ")");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// TokenFile
+
+TokenFile TokenFile::open(const std::string& path) {
+  TokenFile t;
+  t.file_ = MappedFile::open(path, "token file");
+  const uint8_t* b = t.file_.bytes();
+  const size_t size = t.file_.size();
+
+  if (!has_npy_extension(path)) {
+    if (size % 2 != 0)
+      usage_error("token file '{}' has an odd size ({} bytes); a raw .bin holds uint16 tokens",
+                  path, size);
+    t.tokens_ = reinterpret_cast<const uint16_t*>(b);  // mmap is page-aligned
+    t.n_ = static_cast<int64_t>(size / 2);
+    return t;
+  }
+
+  static constexpr char kMagic[] = "\x93NUMPY";
+  if (size < 6 || std::memcmp(b, kMagic, 6) != 0)
+    usage_error("token file '{}' is not a .npy file (bad magic; expected \\x93NUMPY)", path);
+  if (size < 10) usage_error("token file '{}' is truncated inside the .npy preamble", path);
+  const int major = b[6], minor = b[7];
+  size_t header_begin = 0, header_len = 0;
+  if (major == 1) {
+    header_begin = 10;
+    header_len = size_t(b[8]) | size_t(b[9]) << 8;
+  } else if (major == 2 || major == 3) {
+    if (size < 12) usage_error("token file '{}' is truncated inside the .npy preamble", path);
+    header_begin = 12;
+    header_len = load_le32(b + 8);
+  } else {
+    usage_error("token file '{}' has unsupported .npy version {}.{} (need 1.0, 2.0 or 3.0)", path,
+                major, minor);
+  }
+  if (header_begin + header_len > size)
+    usage_error("token file '{}' is truncated: the .npy header needs {} bytes but the file has {}",
+                path, header_begin + header_len, size);
+
+  std::string_view header(reinterpret_cast<const char*>(b + header_begin), header_len);
+  std::optional<PyValue> descr, fortran, shape;
+  for (auto& [key, v] : PyLiteralParser(header, path).dict()) {
+    if (key == "descr") descr = v;
+    if (key == "fortran_order") fortran = v;
+    if (key == "shape") shape = v;
+  }
+  if (!descr || !fortran || !shape)
+    usage_error("token file '{}': the .npy header lacks '{}'", path,
+                !descr     ? "descr"
+                : !fortran ? "fortran_order"
+                           : "shape");
+  if (descr->kind != PyValue::kStr || descr->str != "<u2")
+    usage_error("token file '{}' has dtype {} (need '<u2' = uint16)", path, descr->raw);
+  if (fortran->kind != PyValue::kBool)
+    usage_error("token file '{}': fortran_order is {} (need False)", path, fortran->raw);
+  if (fortran->boolean) usage_error("token file '{}' is in Fortran order (need C order)", path);
+  if (shape->kind != PyValue::kTuple)
+    usage_error("token file '{}': shape is {} (need a tuple)", path, shape->raw);
+  if (shape->items.size() != 1)
+    usage_error("token file '{}' has a {}-D shape {} (need 1-D)", path, shape->items.size(),
+                shape_text(shape->items));
+  const PyValue& dim = shape->items[0];
+  if (dim.kind != PyValue::kInt || dim.integer < 0)
+    usage_error("token file '{}' has shape {} (need a non-negative length)", path,
+                shape_text(shape->items));
+
+  const size_t data_begin = header_begin + header_len;
+  if (data_begin % 2 != 0)
+    usage_error("token file '{}': the .npy header ends at odd byte {}, misaligning the uint16 data",
+                path, data_begin);
+  const size_t follow = size - data_begin;
+  const uint64_t n = static_cast<uint64_t>(dim.integer);
+  if (n > follow / 2)
+    usage_error("token file '{}' is truncated: header says {} tokens but {} bytes follow", path, n,
+                follow);
+  if (follow != 2 * n)
+    usage_error(
+        "token file '{}' has {} bytes after its data (header says {} tokens, {} bytes follow)",
+        path, follow - 2 * n, n, follow);
+  t.tokens_ = reinterpret_cast<const uint16_t*>(b + data_begin);
+  t.n_ = static_cast<int64_t>(n);
+  return t;
+}
+
+void TokenFile::check_vocab(int64_t vocab) const {
+  TRAINER_CHECK(vocab > 0, "vocab {} must be positive", vocab);
+  if (vocab > 65535) return;  // every uint16 fits
+  // A max-reduction vectorises; only a failing file pays for the second, sequential scan.
+  const uint16_t* d = tokens_;
+  const int64_t n = n_;
+  int max_id = 0;
+#pragma omp parallel for reduction(max : max_id) schedule(static)
+  for (int64_t i = 0; i < n; ++i) max_id = std::max<int>(max_id, d[i]);
+  if (max_id < vocab) return;
+  for (int64_t i = 0; i < n; ++i)
+    if (d[i] >= vocab)
+      usage_error("token file '{}' has token id {} at position {}, outside the vocabulary of {}",
+                  path(), d[i], i, vocab);
+}
+
+void TokenFile::check_length(int64_t ctx) const {
+  TRAINER_CHECK(ctx > 0, "context length {} must be positive", ctx);
+  if (n_ < ctx + 2)
+    usage_error(
+        "token file '{}' is too short: {} tokens, but context length {} needs at least {} "
+        "(offsets are drawn from [0, N - ctx - 1))",
+        path(), n_, ctx, ctx + 2);
+}
+
+void write_npy_u16(const std::string& path, const uint16_t* data, int64_t n) {
+  TRAINER_CHECK(n >= 0 && (n == 0 || data != nullptr), "bad token array ({} tokens)", n);
+  std::string dict = fmt::format("{{'descr': '<u2', 'fortran_order': False, 'shape': ({},), }}", n);
+  // Preamble (10 bytes) + dict + spaces + '\n' is a multiple of 64, as NumPy writes it.
+  size_t total = (10 + dict.size() + 1 + 63) / 64 * 64;
+  std::string header(total, ' ');
+  std::memcpy(header.data(), "\x93NUMPY\x01\x00", 8);
+  const size_t hlen = total - 10;
+  TRAINER_CHECK(hlen <= 65535, "npy header of {} bytes does not fit version 1.0", hlen);
+  header[8] = static_cast<char>(hlen & 0xff);
+  header[9] = static_cast<char>(hlen >> 8);
+  std::memcpy(header.data() + 10, dict.data(), dict.size());
+  header.back() = '\n';
+  write_file_atomic(
+      path, {{header.data(), header.size()}, {data, static_cast<size_t>(n) * sizeof(uint16_t)}});
+}
+
+void write_token_file(const std::string& path, const uint16_t* data, int64_t n) {
+  if (has_npy_extension(path)) return write_npy_u16(path, data, n);
+  TRAINER_CHECK(n >= 0 && (n == 0 || data != nullptr), "bad token array ({} tokens)", n);
+  write_file_atomic(path, {{data, static_cast<size_t>(n) * sizeof(uint16_t)}});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Samplers
+
+SamplerKind parse_sampler(const std::string& name) {
+  if (name == "sequential") return SamplerKind::kSequential;
+  if (name == "random") return SamplerKind::kRandom;
+  usage_error("--sampler '{}': expected 'sequential' or 'random'", name);
+}
+
+const char* sampler_name(SamplerKind kind) {
+  return kind == SamplerKind::kSequential ? "sequential" : "random";
+}
+
+namespace {
+
+// splitmix64's finaliser: a bijection on 64 bits with full avalanche.
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+
+}  // namespace
+
+// Random: h = mix(mix(mix(seed + g) + (s+1) g) + (r+1) g), g the golden-ratio constant. Each
+// stage is a bijection of its counter for a fixed prefix, so distinct rows of a step (and distinct
+// steps for a seed) get distinct 64-bit hashes; o = floor(h * M / 2^64) maps them onto [0, M)
+// with bias at most M / 2^64.
+int64_t Sampler::offset(int64_t step, int64_t row) const {
+  const int64_t m = n_tokens - ctx - 1;  // offsets in [0, m)
+  TRAINER_CHECK(m >= 1 && ctx > 0, "{} tokens are too few for context {}", n_tokens, ctx);
+  TRAINER_CHECK(step >= 0 && row >= 0 && row < global_rows, "row {} of step {} outside [0, {})",
+                row, step, global_rows);
+  if (kind == SamplerKind::kSequential) {
+    // ((s*G + r) * T) mod m, exact in 128 bits.
+    unsigned __int128 idx =
+        static_cast<unsigned __int128>(step) * uint64_t(global_rows) + static_cast<uint64_t>(row);
+    return static_cast<int64_t>((idx * static_cast<uint64_t>(ctx)) % static_cast<uint64_t>(m));
+  }
+  uint64_t h = mix64(seed + kGolden);
+  h = mix64(h + (static_cast<uint64_t>(step) + 1) * kGolden);
+  h = mix64(h + (static_cast<uint64_t>(row) + 1) * kGolden);
+  return static_cast<int64_t>((static_cast<unsigned __int128>(h) * static_cast<uint64_t>(m)) >> 64);
+}
+
+void fill_rows(const TokenFile& f, const Sampler& s, int64_t step, int64_t row_begin,
+               int64_t n_rows, int32_t* inputs, int32_t* targets) {
+  TRAINER_CHECK(f.size() == s.n_tokens, "sampler built for {} tokens, file '{}' has {}", s.n_tokens,
+                f.path(), f.size());
+  TRAINER_CHECK(row_begin >= 0 && n_rows >= 0 && row_begin + n_rows <= s.global_rows,
+                "rows [{}, {}) outside [0, {})", row_begin, row_begin + n_rows, s.global_rows);
+  const int64_t T = s.ctx;
+  const uint16_t* tok = f.data();
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const int64_t o = s.offset(step, row_begin + i);  // o + T + 1 <= N - 1 < N
+    int32_t* in = inputs + i * T;
+    int32_t* tg = targets + i * T;
+    for (int64_t t = 0; t < T; ++t) {
+      in[t] = tok[o + t];
+      tg[t] = tok[o + t + 1];
+    }
+  }
+}
+
+}  // namespace trainer

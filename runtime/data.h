@@ -1,0 +1,112 @@
+// Token data: memory-mapped token files, the batch samplers of SPEC.md, and the small file
+// helpers (read-only maps, atomic writes) that checkpoints share.
+//
+// A token file is a flat array of uint16 token ids, either a NumPy `.npy` (dtype '<u2', 1-D, C
+// order) or a raw little-endian `.bin`. Row r of step s starts at token offset o(s, r); its input
+// is tokens[o : o+T] and its target tokens[o+1 : o+T+1]. Offsets depend only on (seed, s, r) and
+// the file, never on the world size, so a run resumed on a different number of ranks sees the same
+// batches.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace trainer {
+
+// ---- file helpers ----
+
+// A whole file mapped read-only. Errors (missing, unreadable, not a regular file) throw
+// UsageError naming `what` ("token file", "checkpoint"), the path and strerror.
+class MappedFile {
+ public:
+  MappedFile() = default;
+  static MappedFile open(const std::string& path, const std::string& what);
+  ~MappedFile();
+  MappedFile(MappedFile&& o) noexcept;
+  MappedFile& operator=(MappedFile&& o) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* bytes() const { return bytes_; }  // nullptr for an empty file
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  void release();
+  std::string path_;
+  const uint8_t* bytes_ = nullptr;
+  size_t size_ = 0;
+};
+
+// One contiguous piece of a file being written.
+struct ByteSpan {
+  const void* data = nullptr;
+  size_t size = 0;
+};
+
+// Writes the concatenation of `pieces` to `path` atomically: `path.tmp.<pid>`, fflush + fsync,
+// rename over `path`, fsync the directory. A reader sees the old file or the whole new one, never
+// a torn one. I/O errors throw UsageError naming the path and strerror; the temp file is removed.
+void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces);
+
+// ---- token files ----
+
+class TokenFile {
+ public:
+  // `.npy` (any case) is parsed as NumPy; every other extension is raw little-endian uint16.
+  static TokenFile open(const std::string& path);
+
+  TokenFile(TokenFile&&) noexcept = default;
+  TokenFile& operator=(TokenFile&&) noexcept = default;
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  int64_t size() const { return n_; }
+  const uint16_t* data() const { return tokens_; }
+  const std::string& path() const { return file_.path(); }
+
+  // Throws UsageError naming the file, the first position and the id if any id >= vocab.
+  void check_vocab(int64_t vocab) const;
+  // Offsets are drawn from [0, N - ctx - 1), so a file needs at least ctx + 2 tokens.
+  void check_length(int64_t ctx) const;
+
+ private:
+  TokenFile() = default;
+  MappedFile file_;
+  const uint16_t* tokens_ = nullptr;
+  int64_t n_ = 0;
+};
+
+// Writes a NumPy 1.0 `.npy` of dtype '<u2' (header padded so the data starts at byte 64*k).
+void write_npy_u16(const std::string& path, const uint16_t* data, int64_t n);
+// The inverse of TokenFile::open: `.npy` by extension, raw little-endian `.bin` otherwise.
+void write_token_file(const std::string& path, const uint16_t* data, int64_t n);
+
+// ---- samplers ----
+
+enum class SamplerKind { kSequential, kRandom };
+// "sequential" or "random"; anything else throws UsageError naming --sampler.
+SamplerKind parse_sampler(const std::string& name);
+const char* sampler_name(SamplerKind kind);
+
+// Where row `row` (0 <= row < global_rows) of step `step` starts, exactly as SPEC.md says.
+struct Sampler {
+  SamplerKind kind = SamplerKind::kRandom;
+  uint64_t seed = 0;
+  int64_t n_tokens = 0;     // N
+  int64_t ctx = 0;          // T
+  int64_t global_rows = 0;  // G = batch * world * grad_accum
+
+  // sequential: ((s*G + r) * T) mod (N - T - 1); random: hash(seed, s, r) mapped onto
+  // [0, N - T - 1) by a multiply-high (Lemire) reduction.
+  int64_t offset(int64_t step, int64_t row) const;
+};
+
+// Rows row_begin .. row_begin + n_rows - 1 of `step`, ctx tokens each, row-major into
+// inputs[n_rows * ctx] and targets[n_rows * ctx].
+void fill_rows(const TokenFile& f, const Sampler& s, int64_t step, int64_t row_begin,
+               int64_t n_rows, int32_t* inputs, int32_t* targets);
+
+}  // namespace trainer

@@ -1,0 +1,178 @@
+#include "runtime/options.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/device_buffer.h"
+#include "core/error.h"
+
+namespace trainer {
+
+DeviceKind Options::device_kind() const {
+  if (device == "cpu") return DeviceKind::kCpu;
+  if (device == "cuda") return DeviceKind::kCuda;
+  return cuda_available() ? DeviceKind::kCuda : DeviceKind::kCpu;
+}
+
+Precision Options::precision_kind() const {
+  if (precision == "fp32") return Precision::kFp32;
+  if (precision == "tf32") return Precision::kTf32;
+  if (precision == "bf16") return Precision::kBf16;
+  return device_kind() == DeviceKind::kCuda ? Precision::kBf16 : Precision::kFp32;
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 0; i < argc; ++i) o.argv.emplace_back(argv[i]);
+  CLI::App app{
+      "trainer: data-parallel training of the CS336 basics Transformer LM (CPU reference or CUDA; "
+      "launch with mpirun for several ranks)"};
+  app.option_defaults()->always_capture_default();
+  // A flag given twice takes its last value, as argparse does (handy for scripts that append).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+
+  auto* model = app.add_option("--model", o.model, "preset: tiny, small, medium, large, xl, 2.7B");
+  int64_t d_model = 0, d_ff = 0, layers = 0, heads = 0, vocab = 0, ctx = 256;
+  auto* o_dm = app.add_option("--d-model", d_model, "model width (overrides the preset)");
+  auto* o_ff = app.add_option("--d-ff", d_ff, "SwiGLU hidden width (overrides the preset)");
+  auto* o_l = app.add_option("--layers", layers, "number of blocks (overrides the preset)");
+  auto* o_h = app.add_option("--heads", heads, "attention heads (overrides the preset)");
+  auto* o_v = app.add_option("--vocab", vocab, "vocabulary size (default 10000)");
+  app.add_option("--ctx", ctx, "context length T (tokens per sequence)");
+  (void)model;
+
+  app.add_option("--data", o.data, "training tokens: uint16 .npy or raw .bin");
+  app.add_option("--val-data", o.val_data, "validation tokens (same formats)");
+  app.add_option("--sampler", o.sampler, "random | sequential");
+  app.add_option("--batch", o.batch, "sequences per rank per micro-step (B)");
+  app.add_option("--grad-accum", o.grad_accum, "micro-steps per optimizer step (K)");
+  app.add_option("--steps", o.steps, "optimizer steps S (or timed steps with --benchmark)");
+  app.add_option("--lr", o.lr, "peak learning rate");
+  app.add_option("--min-lr", o.min_lr, "final learning rate of the cosine (default lr/10)");
+  app.add_option("--warmup", o.warmup,
+                 "linear warm-up steps (with --benchmark: untimed warm-up steps)");
+  app.add_option("--wd", o.wd, "AdamW weight decay");
+  app.add_option("--beta1", o.beta1, "AdamW beta1");
+  app.add_option("--beta2", o.beta2, "AdamW beta2");
+  app.add_option("--eps", o.eps, "AdamW epsilon");
+  app.add_option("--clip", o.clip, "global gradient-norm clip (0 = off)");
+  app.add_option("--seed", o.seed, "seed of the initialisation and the random sampler");
+  app.add_option("--init-from", o.init_from, "start from these weights (model.safetensors)");
+  app.add_option("--resume", o.resume, "resume from a checkpoint directory (DIR/step_N)");
+  app.add_option("--save-every", o.save_every, "write a checkpoint every N steps (0 = only at end)");
+  app.add_option("--out", o.out, "output directory: metrics.jsonl, checkpoints, model.safetensors");
+  app.add_option("--log-every", o.log_every, "log every N steps");
+  app.add_option("--eval-every", o.eval_every, "validation loss every N steps (0 = only at end)");
+  app.add_option("--eval-batches", o.eval_batches, "global batches per validation pass");
+  app.add_option("--device", o.device, "auto | cpu | cuda (auto: cuda when a GPU is visible)");
+  app.add_option("--precision", o.precision, "auto | fp32 | tf32 | bf16 (auto: bf16 on cuda)");
+  app.add_option("--attn", o.attention, "flash | simple (CUDA attention kernel)");
+  app.add_option("--ddp", o.ddp, "none | naive | flat | overlap | bucketed");
+  app.add_option("--bucket-mb", o.bucket_mb, "bucket size in MiB for --ddp bucketed (0 = one)");
+  app.add_flag("--shard-optim", o.shard_optim, "ZeRO-1: shard fp32 master weights and AdamW state");
+  app.add_option("--timing-warmup", o.timing_warmup, "steps left out of the final timing table");
+  app.add_option("--peak-tflops", o.peak_tflops, "peak TFLOP/s per device for MFU (0 = default)");
+  app.add_flag("--benchmark", o.benchmark, "time steps on synthetic tokens instead of training");
+  app.add_option("--mode", o.bench_mode, "benchmark: forward | forward-backward | train");
+  app.add_option("--csv", o.csv, "benchmark: append a result row to this CSV file");
+  app.add_option("--debug-die-at-step", o.debug_die_at_step)->group("");
+  app.add_option("--debug-die-rank", o.debug_die_rank)->group("");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    std::exit(0);
+  } catch (const CLI::ParseError& e) {
+    usage_error("{} (see --help)", e.what());
+  }
+
+  o.config = preset(o.model);
+  if (o_dm->count()) o.config.d_model = d_model;
+  if (o_ff->count()) o.config.d_ff = d_ff;
+  if (o_l->count()) o.config.n_layers = layers;
+  if (o_h->count()) o.config.n_heads = heads;
+  if (o_v->count()) o.config.vocab = vocab;
+  o.config.ctx = ctx;
+  if (o.min_lr < 0) o.min_lr = o.lr / 10;
+  validate_options(o);
+  return o;
+}
+
+void validate_options(const Options& o) {
+  validate(o.config);
+  if (o.steps <= 0) usage_error("--steps must be positive (got {})", o.steps);
+  if (o.batch <= 0) usage_error("--batch must be positive (got {})", o.batch);
+  if (o.grad_accum <= 0) usage_error("--grad-accum must be positive (got {})", o.grad_accum);
+  if (o.warmup < 0) usage_error("--warmup must not be negative (got {})", o.warmup);
+  if (o.lr < 0 || o.min_lr < 0) usage_error("--lr and --min-lr must not be negative");
+  if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1)
+    usage_error("--beta1 and --beta2 must lie in [0, 1) (got {}, {})", o.beta1, o.beta2);
+  if (o.eps <= 0) usage_error("--eps must be positive (got {})", o.eps);
+  if (o.clip < 0) usage_error("--clip must not be negative (got {})", o.clip);
+  if (o.log_every <= 0) usage_error("--log-every must be positive (got {})", o.log_every);
+  if (o.save_every < 0 || o.eval_every < 0)
+    usage_error("--save-every and --eval-every must not be negative");
+  if (o.eval_batches <= 0) usage_error("--eval-batches must be positive");
+  if (o.bucket_mb < 0) usage_error("--bucket-mb must not be negative (got {})", o.bucket_mb);
+  if (o.timing_warmup < 0) usage_error("--timing-warmup must not be negative");
+  if (o.sampler != "random" && o.sampler != "sequential")
+    usage_error("--sampler '{}' is not random or sequential", o.sampler);
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
+    usage_error("--device '{}' is not auto, cpu or cuda", o.device);
+  if (o.precision != "auto" && o.precision != "fp32" && o.precision != "tf32" &&
+      o.precision != "bf16")
+    usage_error("--precision '{}' is not auto, fp32, tf32 or bf16", o.precision);
+  if (o.attention != "flash" && o.attention != "simple")
+    usage_error("--attn '{}' is not flash or simple", o.attention);
+  if (o.ddp != "none" && o.ddp != "naive" && o.ddp != "flat" && o.ddp != "overlap" &&
+      o.ddp != "bucketed")
+    usage_error("--ddp '{}' is not a strategy (none, naive, flat, overlap, bucketed)", o.ddp);
+  if (o.bench_mode != "forward" && o.bench_mode != "forward-backward" && o.bench_mode != "train")
+    usage_error("--mode '{}' is not forward, forward-backward or train", o.bench_mode);
+  if (!o.benchmark && o.data.empty())
+    usage_error("--data is required (a uint16 .npy or .bin token file; see launch/prepare_data.sh)");
+  if (!o.init_from.empty() && !o.resume.empty())
+    usage_error("--init-from and --resume exclude each other (--resume restores the weights too)");
+  if (o.device == "cpu" && o.precision != "auto" && o.precision != "fp32")
+    usage_error("--precision {} needs --device cuda; the CPU backend is fp32", o.precision);
+}
+
+std::string settings_fingerprint(const Options& o) {
+  std::ostringstream s;
+  const ModelConfig& c = o.config;
+  s << "model=" << describe(c) << "\n";
+  s << "data=" << o.data << "\nval-data=" << o.val_data << "\nsampler=" << o.sampler << "\n";
+  s << "batch=" << o.batch << "\ngrad-accum=" << o.grad_accum << "\nsteps=" << o.steps << "\n";
+  s << fmt::format("lr={}\nmin-lr={}\nwarmup={}\nwd={}\nbeta1={}\nbeta2={}\neps={}\nclip={}\n",
+                   o.lr, o.min_lr, o.warmup, o.wd, o.beta1, o.beta2, o.eps, o.clip);
+  s << "seed=" << o.seed << "\ninit-from=" << o.init_from << "\nresume=" << o.resume << "\n";
+  s << "save-every=" << o.save_every << "\nout=" << o.out << "\neval-every=" << o.eval_every
+    << "\neval-batches=" << o.eval_batches << "\n";
+  s << "device=" << o.device << "\nprecision=" << o.precision << "\nattn=" << o.attention << "\n";
+  s << "ddp=" << o.ddp << "\nbucket-mb=" << o.bucket_mb << "\nshard-optim=" << o.shard_optim << "\n";
+  s << "benchmark=" << o.benchmark << "\nmode=" << o.bench_mode << "\n";
+  return s.str();
+}
+
+std::string first_difference(const std::string& a, const std::string& b) {
+  std::istringstream sa(a), sb(b);
+  std::string la, lb;
+  while (true) {
+    const bool ga = static_cast<bool>(std::getline(sa, la));
+    const bool gb = static_cast<bool>(std::getline(sb, lb));
+    if (!ga && !gb) return "";
+    if (la != lb || ga != gb) {
+      const std::string& l = ga ? la : lb;
+      const std::string key = l.substr(0, l.find('='));
+      return fmt::format("--{} (rank 0: '{}', here: '{}')", key,
+                         ga ? la.substr(la.find('=') + 1) : "", gb ? lb.substr(lb.find('=') + 1) : "");
+    }
+  }
+}
+
+}  // namespace trainer

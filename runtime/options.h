@@ -1,0 +1,64 @@
+// Every trainer flag, parsed and validated in one place.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/replica.h"
+
+namespace trainer {
+
+struct Options {
+  // Model
+  std::string model = "tiny";
+  ModelConfig config;  // preset + hand-set dimensions, ctx included
+  // Data
+  std::string data, val_data, sampler = "random";
+  // Batch
+  int64_t batch = 8, grad_accum = 1, steps = 1000;
+  // Optimizer
+  double lr = 3e-4, min_lr = -1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, wd = 0.1, clip = 1.0;
+  int64_t warmup = 0;
+  uint64_t seed = 1337;
+  // Checkpoints and output
+  std::string init_from, resume, out;
+  int64_t save_every = 0, log_every = 10, eval_every = 0, eval_batches = 4;
+  // Device and parallelism
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string precision = "auto";
+  std::string attention = "flash";
+  std::string ddp = "bucketed";
+  double bucket_mb = 25;
+  bool shard_optim = false;
+  int64_t timing_warmup = 5;
+  double peak_tflops = 0;  // 0: by device and precision
+  // Benchmark mode
+  bool benchmark = false;
+  std::string bench_mode = "train";
+  std::string csv;
+  // Testing hooks (hidden): make one rank die at a step, to test failure handling.
+  int64_t debug_die_at_step = -1;
+  int debug_die_rank = -1;
+
+  std::vector<std::string> argv;  // the command line, for logs and checkpoints
+
+  // The resolved values (after device detection).
+  DeviceKind device_kind() const;
+  Precision precision_kind() const;
+};
+
+// Parses argv; throws UsageError on any bad flag or value. `--help` prints usage and exits 0.
+Options parse_options(int argc, char** argv);
+
+// Checks values that need no file access; throws UsageError naming the flag.
+void validate_options(const Options& o);
+
+// The settings every rank must agree on, as "key=value" lines (paths and per-run output excluded
+// only where ranks may legitimately differ: none here).
+std::string settings_fingerprint(const Options& o);
+// Name of the first setting whose line differs between two fingerprints ("" if equal).
+std::string first_difference(const std::string& a, const std::string& b);
+
+}  // namespace trainer

@@ -1,0 +1,600 @@
+#include "runtime/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/grad_sync.h"
+#include "core/device_buffer.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/init.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+#include "runtime/checkpoint.h"
+#include "runtime/data.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace trainer {
+namespace {
+
+std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
+
+BufferView host_view(std::vector<float>& v) {
+  return BufferView{v.data(), static_cast<int64_t>(v.size()), DType::kF32, DeviceKind::kCpu};
+}
+
+void check_writable_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir)) usage_error("--out {}: cannot create directory ({})", dir, ec.message());
+  const std::string probe = (fs::path(dir) / (".write_test." + std::to_string(::getpid()))).string();
+  FILE* f = std::fopen(probe.c_str(), "w");
+  if (!f) usage_error("--out {}: directory is not writable ({})", dir, std::strerror(errno));
+  std::fclose(f);
+  fs::remove(probe, ec);
+}
+
+// Peak dense throughput of one device, for MFU (ANCHORS.md uses 989 TFLOP/s for H100/H200 bf16).
+double default_peak_tflops(DeviceKind d, Precision p) {
+  if (d == DeviceKind::kCpu) return 0;
+  switch (p) {
+    case Precision::kBf16: return 989;
+    case Precision::kTf32: return 494;
+    case Precision::kFp32: return 67;
+  }
+  return 0;
+}
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kTf32: return "tf32";
+    case Precision::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+// Everything one rank holds for a run.
+class Run {
+ public:
+  Run(const Options& o, MpiCommunicator& world) : o_(o), world_(world), layout_(o.config) {}
+  TrainResult execute(bool keep_params);
+
+ private:
+  void setup();
+  void init_state();
+  double train_step(int64_t s, PhaseTimes& times, double& grad_norm);
+  void forward_backward(int64_t step, bool backward, bool reduce);
+  void optimizer_step(int64_t s, double& grad_norm);
+  double evaluate();
+  std::vector<float> gather_state(BufferView owned);  // whole flat buffer on rank 0
+  void save(int64_t step_done, bool final);
+  void log_step(int64_t s, double loss, double norm, const std::vector<PhaseTimes>& ranks);
+  void report_timing(const std::vector<std::vector<PhaseTimes>>& rank_times, int64_t skip);
+  void benchmark(TrainResult& result);
+
+  const Options& o_;
+  MpiCommunicator& world_;
+  ParamLayout layout_;
+  int rank_ = 0, nranks_ = 1;
+  DeviceKind device_ = DeviceKind::kCpu;
+  Precision precision_ = Precision::kFp32;
+  int64_t flat_ = 0, G_ = 0;
+  std::unique_ptr<Replica> replica_;
+  Communicator* grad_comm_ = nullptr;
+  std::optional<ShardPlan> shards_;
+  Range owned_;
+  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<GradSync> sync_;
+  std::unique_ptr<StepTimer> timer_;
+  std::optional<TokenFile> train_, val_;
+  Sampler sampler_;
+  LrSchedule schedule_;
+  std::vector<int32_t> inputs_, targets_;
+  int64_t start_step_ = 0;
+  std::ofstream metrics_;
+  std::vector<double> val_losses_;
+};
+
+void Run::setup() {
+  rank_ = world_.rank();
+  nranks_ = world_.world();
+  device_ = o_.device_kind();
+  precision_ = o_.precision_kind();
+  G_ = o_.batch * nranks_ * o_.grad_accum;
+
+  // Every check that can fail on bad input runs on all ranks before any compute; the lowest failing
+  // rank's message reaches every rank.
+  const std::string fingerprint = settings_fingerprint(o_);
+  const std::string root_fingerprint = world_.broadcast_string(fingerprint, 0);
+  agree_on_usage_errors(world_, [&] {
+    const std::string diff = first_difference(root_fingerprint, fingerprint);
+    if (!diff.empty())
+      usage_error("rank {}'s settings differ from rank 0's: first difference {}", rank_, diff);
+    if (o_.ddp == "none" && nranks_ > 1)
+      usage_error("--ddp none needs a single rank (world is {}); use naive, flat, overlap or "
+                  "bucketed",
+                  nranks_);
+    if (device_ == DeviceKind::kCpu && precision_ != Precision::kFp32)
+      usage_error("--precision {} needs --device cuda; the CPU backend is fp32",
+                  precision_name(precision_));
+    if (device_ == DeviceKind::kCuda && !cuda_available())
+      usage_error("--device cuda: no CUDA device is visible{}",
+#ifdef TRAINER_WITH_CUDA
+                  ""
+#else
+                  " (this binary was built without the CUDA backend)"
+#endif
+      );
+    if (device_ == DeviceKind::kCuda && nranks_ > 1)
+      usage_error("multi-GPU training (world {}) needs the NCCL communicator, which this build "
+                  "does not have yet; run one rank per process on the CPU backend or one GPU",
+                  nranks_);
+    if (!o_.benchmark) {
+      train_.emplace(TokenFile::open(o_.data));
+      train_->check_length(o_.config.ctx);
+      train_->check_vocab(o_.config.vocab);
+      if (!o_.val_data.empty()) {
+        val_.emplace(TokenFile::open(o_.val_data));
+        val_->check_length(o_.config.ctx);
+        val_->check_vocab(o_.config.vocab);
+      }
+    }
+    if (!o_.init_from.empty() && !fs::exists(o_.init_from))
+      usage_error("--init-from {}: no such file", o_.init_from);
+    if (!o_.resume.empty() && !fs::is_directory(o_.resume))
+      usage_error("--resume {}: no such checkpoint directory", o_.resume);
+    if (rank_ == 0 && !o_.out.empty()) check_writable_dir(o_.out);
+    schedule_ = LrSchedule{o_.lr, o_.min_lr, o_.warmup, o_.steps};
+    if (!o_.benchmark) schedule_.validate();
+  });
+
+  // Flat buffers are padded so that `world` equal aligned shards cover them.
+  flat_ = layout_.padded_total(nranks_);
+  if (o_.shard_optim) shards_.emplace(nranks_, flat_, ParamLayout::kAlignElems);
+  owned_ = shards_ ? shards_->shard(rank_) : Range{0, flat_};
+
+  ReplicaOptions ro;
+  ro.max_batch = o_.batch;
+  ro.flat_elems = flat_;
+  ro.precision = precision_;
+  ro.attention = o_.attention;
+  if (device_ == DeviceKind::kCuda) {
+    const int local = local_rank_of(world_.comm());
+    ro.device_index = local % std::max(1, cuda_device_count());
+  }
+  agree_on_usage_errors(world_, [&] {
+    replica_ = device_ == DeviceKind::kCpu ? make_cpu_replica(o_.config, ro)
+                                           : make_cuda_replica(o_.config, ro);
+  });
+  // Collectives on host buffers go through MPI; device buffers will use NCCL (multi-GPU issue).
+  grad_comm_ = &world_;
+
+  AdamWConfig acfg;
+  acfg.lr = o_.lr;
+  acfg.beta1 = o_.beta1;
+  acfg.beta2 = o_.beta2;
+  acfg.eps = o_.eps;
+  acfg.weight_decay = o_.wd;
+  agree_on_usage_errors(world_, [&] { opt_ = std::make_unique<AdamW>(device_, owned_.size(), acfg); });
+
+  TensorRanges tensors;
+  for (const auto& t : layout_.tensors()) tensors.push_back(t.range());
+  const SyncStrategy strategy = parse_sync_strategy(o_.ddp);
+  sync_ = std::make_unique<GradSync>(*grad_comm_, tensors, replica_->grads(), strategy,
+                                     o_.bucket_mb * 1048576.0, shards_ ? &*shards_ : nullptr);
+  timer_ = make_step_timer(device_, replica_->stream());
+  inputs_.resize(o_.batch * o_.config.ctx);
+  targets_.resize(o_.batch * o_.config.ctx);
+  if (train_) {
+    sampler_ = Sampler{parse_sampler(o_.sampler), o_.seed, train_->size(), o_.config.ctx, G_};
+  }
+
+  // What this run holds, printed once.
+  const std::vector<double> opt_bytes = [&] {
+    auto rows = world_.gather_to_root(std::vector<double>{static_cast<double>(opt_->state_bytes())});
+    std::vector<double> v;
+    for (auto& r : rows) v.push_back(r[0]);
+    return v;
+  }();
+  if (rank_ == 0) {
+    const ModelConfig& c = o_.config;
+    spdlog::info("model {}: {} | {:.2f}M parameters", o_.model, describe(c),
+                 layout_.param_count() / 1e6);
+    spdlog::info("run: {} rank(s) on {} | precision {} | batch {} x ctx {} per rank, grad-accum {}, "
+                 "global batch {} sequences = {} tokens/step",
+                 nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu", precision_name(precision_),
+                 o_.batch, c.ctx, o_.grad_accum, G_, G_ * c.ctx);
+    const double pbytes = static_cast<double>(replica_->params().bytes());
+    const double gbytes = static_cast<double>(replica_->grads().bytes());
+    const double abytes = static_cast<double>(replica_->activation_bytes());
+    spdlog::info("memory per rank: params {} ({}) | grads {} (f32) | optimizer state {} | "
+                 "activations {} | total {}",
+                 mib(pbytes), dtype_name(replica_->params().dtype), mib(gbytes), mib(opt_bytes[0]),
+                 mib(abytes), mib(pbytes + gbytes + opt_bytes[0] + abytes));
+    std::string per_rank;
+    for (size_t r = 0; r < opt_bytes.size(); ++r)
+      per_rank += fmt::format("{}rank {}: {}", r ? ", " : "", r, mib(opt_bytes[r]));
+    spdlog::info("optimizer state (fp32 master + m + v = 12 B/param{}): {}",
+                 shards_ ? fmt::format(" / {} ranks, ZeRO-1", nranks_) : std::string(", unsharded"),
+                 per_rank);
+    spdlog::info("gradient sync: --ddp {}{} | {}", sync_strategy_name(strategy),
+                 shards_ ? " + reduce-scatter (ZeRO-1)" : "", describe_units(sync_->units()));
+    if (o_.out.empty() && !o_.benchmark)
+      spdlog::warn("no --out directory: no metrics, checkpoints or final weights will be written");
+  }
+}
+
+void Run::init_state() {
+  // Rank 0's parameters are everyone's: fresh init, --init-from, or --resume.
+  std::vector<float> params(flat_, 0.0f);
+  std::optional<CheckpointMeta> meta;
+  agree_on_usage_errors(world_, [&] {
+    if (!o_.resume.empty()) {
+      std::vector<float> m(flat_, 0.0f), v(flat_, 0.0f);
+      meta = load_checkpoint(o_.resume, layout_, o_.config, params.data(), m.data(), v.data());
+      if (meta->step >= o_.steps)
+        usage_error("checkpoint {} is at step {} but --steps is {}: nothing left to train",
+                    o_.resume, meta->step, o_.steps);
+      copy(opt_->exp_avg(), host_view(m).slice(owned_.begin, owned_.size()));
+      copy(opt_->exp_avg_sq(), host_view(v).slice(owned_.begin, owned_.size()));
+      start_step_ = meta->step;
+      const int64_t saved_g = meta->run.value("global_batch", int64_t{0});
+      if (rank_ == 0 && saved_g != G_)
+        spdlog::warn("checkpoint global batch {} differs from this run's {} (batch x world x "
+                     "grad-accum): training continues, but not as the uninterrupted run would",
+                     saved_g, G_);
+    } else if (!o_.init_from.empty()) {
+      if (rank_ == 0) load_model(o_.init_from, layout_, params.data());
+    } else if (rank_ == 0) {
+      init_params(layout_, o_.seed, params.data());
+    }
+  });
+  world_.broadcast(host_view(params), 0)->wait();
+  replica_->set_params(params.data());
+  copy(opt_->master(), host_view(params).slice(owned_.begin, owned_.size()));
+  if (rank_ == 0 && meta)
+    spdlog::info("resumed from {} at step {} (written by {} rank(s))", o_.resume, start_step_,
+                 meta->run.value("world", 0));
+}
+
+void Run::forward_backward(int64_t step, bool backward, bool reduce) {
+  const int64_t T = o_.config.ctx;
+  const int64_t rows_per_rank = o_.batch * o_.grad_accum;
+  const float scale = 1.0f / static_cast<float>(G_ * T);  // d(mean over G*T tokens)/d(token loss)
+  for (int64_t k = 0; k < o_.grad_accum; ++k) {
+    {
+      PhaseScope p(*timer_, Phase::kData);
+      if (train_) {
+        fill_rows(*train_, sampler_, step, rank_ * rows_per_rank + k * o_.batch, o_.batch,
+                  inputs_.data(), targets_.data());
+      } else {  // --benchmark: synthetic tokens, a pure function of (seed, step, rank, k)
+        uint64_t x = o_.seed ^ (static_cast<uint64_t>(step) << 20) ^ (rank_ * 7919 + k);
+        for (size_t i = 0; i < inputs_.size(); ++i) {
+          x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+          inputs_[i] = static_cast<int32_t>((x >> 33) % o_.config.vocab);
+          targets_[i] = static_cast<int32_t>((x >> 13) % o_.config.vocab);
+        }
+      }
+    }
+    const MicroBatch mb{inputs_.data(), targets_.data(), o_.batch, T};
+    {
+      PhaseScope p(*timer_, Phase::kForward);
+      replica_->forward(mb);
+    }
+    if (!backward) continue;
+    PhaseScope p(*timer_, Phase::kBackward);
+    sync_->begin_backward(reduce && k == o_.grad_accum - 1);
+    replica_->backward(scale, [this](int i) { sync_->on_ready(i); });
+  }
+}
+
+void Run::optimizer_step(int64_t s, double& grad_norm) {
+  BufferView grads = replica_->grads().slice(owned_.begin, owned_.size());
+  {
+    PhaseScope p(*timer_, Phase::kOptimizer);
+    // Global norm of the averaged gradient: each rank holds the whole of it, or (ZeRO-1) its shard.
+    double sq = sum_squares(grads, replica_->stream());
+    if (shards_ && nranks_ > 1) sq = world_.sum(sq);
+    grad_norm = std::sqrt(sq);
+    const float clip = clip_scale(grad_norm, o_.clip);
+    opt_->step(grads, replica_->params().slice(owned_.begin, owned_.size()), schedule_.at(s), s + 1,
+               clip, replica_->stream());
+  }
+  if (shards_ && nranks_ > 1) {
+    PhaseScope p(*timer_, Phase::kComm);
+    grad_comm_->all_gather(replica_->params(), std::vector<int64_t>(nranks_, shards_->shard_elems()))
+        ->wait();
+  }
+}
+
+double Run::train_step(int64_t s, PhaseTimes& times, double& grad_norm) {
+  timer_->begin(Phase::kStep);
+  replica_->zero_grads();
+  forward_backward(s, /*backward=*/true, /*reduce=*/true);
+  {
+    PhaseScope p(*timer_, Phase::kComm);
+    sync_->finish();
+  }
+  optimizer_step(s, grad_norm);
+  timer_->end(Phase::kStep);
+  const double loss = world_.sum(replica_->take_loss()) / nranks_;
+  times = timer_->collect();
+  return loss;
+}
+
+double Run::evaluate() {
+  const int64_t T = o_.config.ctx;
+  const Sampler vs{SamplerKind::kSequential, o_.seed, val_->size(), T, G_};
+  const int64_t rows_per_rank = o_.batch * o_.grad_accum;
+  double sum = 0;
+  for (int64_t e = 0; e < o_.eval_batches; ++e) {
+    for (int64_t k = 0; k < o_.grad_accum; ++k) {
+      fill_rows(*val_, vs, e, rank_ * rows_per_rank + k * o_.batch, o_.batch, inputs_.data(),
+                targets_.data());
+      sum += replica_->evaluate({inputs_.data(), targets_.data(), o_.batch, T});
+    }
+  }
+  return world_.sum(sum) / static_cast<double>(nranks_ * o_.eval_batches * o_.grad_accum);
+}
+
+std::vector<float> Run::gather_state(BufferView owned) {
+  std::vector<float> mine(owned.count);
+  copy(host_view(mine), owned);
+  if (!shards_ || nranks_ == 1) return mine;
+  std::vector<float> all(rank_ == 0 ? flat_ : 0);
+  world_.gather_to_root(mine.data(), owned.count, all.data());
+  return all;
+}
+
+void Run::save(int64_t step_done, bool final) {
+  if (o_.out.empty()) return;
+  std::vector<float> p = gather_state(opt_->master());
+  std::vector<float> m = gather_state(opt_->exp_avg());
+  std::vector<float> v = gather_state(opt_->exp_avg_sq());
+  if (rank_ == 0) {
+    CheckpointMeta meta;
+    meta.step = step_done;
+    meta.config = config_to_json(o_.config);
+    meta.run = {{"global_batch", G_},   {"ctx", o_.config.ctx}, {"sampler", o_.sampler},
+                {"seed", o_.seed},      {"world", nranks_},     {"shard_optim", o_.shard_optim},
+                {"lr", o_.lr},          {"min_lr", o_.min_lr},  {"warmup", o_.warmup},
+                {"steps", o_.steps},    {"data", o_.data}};
+    const std::string dir = (fs::path(o_.out) / fmt::format("step_{}", step_done)).string();
+    save_checkpoint(dir, layout_, p.data(), m.data(), v.data(), meta);
+    spdlog::info("checkpoint written: {}", dir);
+    if (final) {
+      const std::string path = (fs::path(o_.out) / "model.safetensors").string();
+      save_model(path, layout_, p.data(), {{"step", std::to_string(step_done)}});
+      spdlog::info("final weights: {}", path);
+    }
+  }
+  world_.barrier();
+}
+
+void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseTimes>& ranks) {
+  const auto step_idx = static_cast<int>(Phase::kStep);
+  std::vector<double> step_ms;
+  size_t slowest = 0;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    step_ms.push_back(ranks[r][step_idx]);
+    if (ranks[r][step_idx] > ranks[slowest][step_idx]) slowest = r;
+  }
+  const double ms = step_ms[slowest];  // the step is as slow as its slowest rank
+  const double tokens = static_cast<double>(G_ * o_.config.ctx);
+  const double tok_s = tokens / (ms / 1e3);
+  const double peak = (o_.peak_tflops > 0 ? o_.peak_tflops : default_peak_tflops(device_, precision_));
+  const double mfu = peak > 0 ? tok_s * flops_per_token(o_.config, o_.config.ctx) /
+                                    (nranks_ * peak * 1e12)
+                              : 0;
+  const double lr = schedule_.at(s);
+  if (metrics_.is_open()) {
+    json j = {{"step", s + 1},   {"loss", loss},         {"lr", lr},
+              {"grad_norm", norm}, {"tokens_per_s", tok_s}, {"step_ms", ms}};
+    if (peak > 0) j["mfu"] = mfu;
+    json per_rank = json::array();
+    for (const PhaseTimes& t : ranks) {
+      json r;
+      for (int p = 0; p < kNumPhases; ++p) r[std::string(phase_name(Phase(p))) + "_ms"] = t[p];
+      per_rank.push_back(r);
+    }
+    j["ranks"] = per_rank;
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+  }
+  if ((s + 1) % o_.log_every != 0 && s + 1 != o_.steps && s != start_step_) return;
+  std::string timing = fmt::format("step {:.1f} ms", ms);
+  if (nranks_ > 1)
+    timing += fmt::format(" (ranks min {:.1f} / median {:.1f} / max {:.1f}, slowest rank {})",
+                          *std::min_element(step_ms.begin(), step_ms.end()), median(step_ms), ms,
+                          slowest);
+  spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s{} | {}",
+               s + 1, o_.steps, loss, lr, norm, tok_s,
+               peak > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "", timing);
+}
+
+void Run::report_timing(const std::vector<std::vector<PhaseTimes>>& rank_times, int64_t skip) {
+  if (rank_ != 0 || rank_times.empty()) return;
+  const int64_t n = static_cast<int64_t>(rank_times.size());
+  if (n <= skip) skip = 0;
+  spdlog::info("per-rank step timings, ms, mean ± std over {} steps (first {} left out, "
+               "--timing-warmup):",
+               n - skip, skip);
+  std::string head = fmt::format("{:>6}", "rank");
+  for (int p = 0; p < kNumPhases; ++p) head += fmt::format(" {:>17}", phase_name(Phase(p)));
+  spdlog::info("{}", head);
+  for (int r = 0; r < nranks_; ++r) {
+    std::string row = fmt::format("{:>6}", r);
+    for (int p = 0; p < kNumPhases; ++p) {
+      std::vector<double> xs;
+      for (int64_t s = skip; s < n; ++s) xs.push_back(rank_times[s][r][p]);
+      const MeanStd ms = mean_std(xs);
+      row += fmt::format(" {:>9.2f} ± {:<5.2f}", ms.mean, ms.std);
+    }
+    spdlog::info("{}", row);
+  }
+}
+
+TrainResult Run::execute(bool keep_params) {
+  setup();
+  init_state();
+  TrainResult result;
+  result.first_step = start_step_;
+  if (o_.benchmark) {
+    benchmark(result);
+  } else {
+    if (rank_ == 0 && !o_.out.empty()) {
+      metrics_.open((fs::path(o_.out) / "metrics.jsonl").string(),
+                    start_step_ > 0 ? std::ios::app : std::ios::trunc);
+      if (!metrics_) usage_error("--out {}: cannot write metrics.jsonl", o_.out);
+    }
+    for (int64_t s = start_step_; s < o_.steps; ++s) {
+      if (s == o_.debug_die_at_step && rank_ == o_.debug_die_rank) {
+        spdlog::error("--debug-die-at-step {}: rank {} exits abruptly (failure test)", s, rank_);
+        std::fflush(nullptr);
+        std::_Exit(17);
+      }
+      PhaseTimes times;
+      double norm = 0;
+      const double loss = train_step(s, times, norm);
+      if (!std::isfinite(loss)) runtime_error("loss became {} at step {}", loss, s + 1);
+      result.losses.push_back(loss);
+      std::vector<double> mine(times.begin(), times.end());
+      const auto rows = world_.gather_to_root(mine);
+      std::vector<PhaseTimes> ranks;
+      for (const auto& r : rows) {
+        PhaseTimes t;
+        std::copy(r.begin(), r.end(), t.begin());
+        ranks.push_back(t);
+      }
+      if (rank_ == 0) {
+        log_step(s, loss, norm, ranks);
+        result.rank_times.push_back(ranks);
+      }
+      const bool last = s + 1 == o_.steps;
+      if (val_ && ((o_.eval_every > 0 && (s + 1) % o_.eval_every == 0) || last)) {
+        const double vl = evaluate();
+        result.val_losses.push_back(vl);
+        if (rank_ == 0) {
+          spdlog::info("step {:>5}/{} | validation loss {:.4f}", s + 1, o_.steps, vl);
+          if (metrics_.is_open()) metrics_ << json{{"step", s + 1}, {"val_loss", vl}}.dump() << "\n";
+        }
+      }
+      if (last || (o_.save_every > 0 && (s + 1) % o_.save_every == 0)) save(s + 1, last);
+    }
+    report_timing(result.rank_times, o_.timing_warmup);
+  }
+  if (keep_params) {
+    result.params.resize(flat_);
+    std::vector<float> master = gather_state(opt_->master());
+    if (rank_ == 0) result.params = master;
+    world_.broadcast(host_view(result.params), 0)->wait();
+  }
+  return result;
+}
+
+void Run::benchmark(TrainResult& result) {
+  const bool backward = o_.bench_mode != "forward";
+  const bool step = o_.bench_mode == "train";
+  const int64_t warm = o_.warmup, n = o_.steps;
+  std::vector<PhaseTimes> mine;
+  for (int64_t s = 0; s < warm + n; ++s) {
+    timer_->begin(Phase::kStep);
+    if (backward) replica_->zero_grads();
+    forward_backward(s, backward, /*reduce=*/backward);
+    if (backward) {
+      PhaseScope p(*timer_, Phase::kComm);
+      sync_->finish();
+    }
+    double norm = 0;
+    if (step) optimizer_step(s % o_.steps, norm);
+    timer_->end(Phase::kStep);
+    replica_->take_loss();
+    PhaseTimes t = timer_->collect();
+    if (s >= warm) mine.push_back(t);
+  }
+  const int64_t mem = memory_in_use(device_);
+  // Per-rank times to rank 0.
+  std::vector<std::vector<PhaseTimes>> all(n);
+  for (int64_t s = 0; s < n; ++s) {
+    const auto rows = world_.gather_to_root(std::vector<double>(mine[s].begin(), mine[s].end()));
+    for (const auto& r : rows) {
+      PhaseTimes t;
+      std::copy(r.begin(), r.end(), t.begin());
+      all[s].push_back(t);
+    }
+  }
+  const double max_mem = world_.max(static_cast<double>(mem));
+  if (rank_ != 0) return;
+  result.rank_times = all;
+  auto stat = [&](Phase p) {
+    std::vector<double> xs;
+    for (const auto& ranks : all) {
+      double worst = 0;
+      for (const auto& t : ranks) worst = std::max(worst, t[static_cast<int>(p)]);
+      xs.push_back(worst);
+    }
+    return xs;
+  };
+  const auto steps_ms = stat(Phase::kStep);
+  const MeanStd st = mean_std(steps_ms), fw = mean_std(stat(Phase::kForward)),
+                bw = mean_std(stat(Phase::kBackward)), cm = mean_std(stat(Phase::kComm)),
+                op = mean_std(stat(Phase::kOptimizer));
+  const double med = median(steps_ms);
+  const double tokens = static_cast<double>(G_ * o_.config.ctx);
+  const double tok_s = tokens / (med / 1e3);
+  const double peak = o_.peak_tflops > 0 ? o_.peak_tflops : default_peak_tflops(device_, precision_);
+  const double flops_factor = o_.bench_mode == "forward" ? 1.0 / 3.0 : 1.0;
+  const double mfu = peak > 0 ? tok_s * flops_factor * flops_per_token(o_.config, o_.config.ctx) /
+                                    (nranks_ * peak * 1e12)
+                              : 0;
+  spdlog::info("benchmark --mode {} | {} warm-up + {} timed steps | {} rank(s)", o_.bench_mode, warm,
+               n, nranks_);
+  spdlog::info("  forward   {:8.3f} ± {:.3f} ms", fw.mean, fw.std);
+  if (backward) spdlog::info("  backward  {:8.3f} ± {:.3f} ms", bw.mean, bw.std);
+  if (backward && nranks_ > 1) spdlog::info("  comm      {:8.3f} ± {:.3f} ms (exposed)", cm.mean, cm.std);
+  if (step) spdlog::info("  optimizer {:8.3f} ± {:.3f} ms", op.mean, op.std);
+  spdlog::info("  step      {:8.3f} ± {:.3f} ms (median {:.3f}) | {:.0f} tok/s{} | peak memory {:.2f} GiB",
+               st.mean, st.std, med, tok_s,
+               peak > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "", max_mem / 1073741824.0);
+  report_timing(all, 0);
+  if (!o_.csv.empty()) {
+    const bool fresh = !fs::exists(o_.csv);
+    std::ofstream csv(o_.csv, std::ios::app);
+    if (!csv) usage_error("--csv {}: cannot open for appending", o_.csv);
+    if (fresh)
+      csv << "time,model,d_model,d_ff,layers,heads,vocab,ctx,batch,grad_accum,world,device,"
+             "precision,attn,ddp,bucket_mb,shard_optim,mode,warmup,steps,forward_ms,forward_std,"
+             "backward_ms,backward_std,comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,"
+             "step_median_ms,tokens_per_s,mfu,peak_mem_gib\n";
+    const ModelConfig& c = o_.config;
+    csv << fmt::format(
+        "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
+        "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f}\n",
+        std::time(nullptr), o_.model, c.d_model, c.d_ff, c.n_layers, c.n_heads, c.vocab, c.ctx,
+        o_.batch, o_.grad_accum, nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu",
+        precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
+        o_.bench_mode, warm, n, fw.mean, fw.std, bw.mean, bw.std, cm.mean, cm.std, op.mean, op.std,
+        st.mean, st.std, med, tok_s, mfu, max_mem / 1073741824.0);
+  }
+}
+
+}  // namespace
+
+TrainResult run_training(const Options& o, MpiCommunicator& world, bool keep_params) {
+  Run run(o, world);
+  return run.execute(keep_params);
+}
+
+}  // namespace trainer

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Every input a user can get wrong stops the trainer with one clear message and a non-zero exit,
+# on every rank, without hanging. Usage: cli_failures.sh BUILD_DIR
+set -uo pipefail
+build=${1:?usage: cli_failures.sh BUILD_DIR}
+trainer="$build/trainer"
+tokenize="$build/launch/tokenize"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+mpirun="mpirun --oversubscribe"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0 passed=0
+
+# A small valid corpus (vocab 256) and a model that trains on it in a blink.
+head -c 20000 /dev/urandom > "$tmp/text.txt"
+"$tokenize" --out-train "$tmp/train.npy" --out-val "$tmp/val.npy" "$tmp/text.txt" > /dev/null
+small=(--device cpu --d-model 16 --d-ff 32 --layers 1 --heads 2 --vocab 256 --ctx 8 --batch 2)
+
+# expect CODE PATTERN CMD...: the command exits with CODE (within 120 s) and prints PATTERN.
+expect() {
+  local want=$1 pattern=$2
+  shift 2
+  local out rc
+  out=$(timeout 120 "$@" 2>&1)
+  rc=$?
+  if [[ $rc -eq 124 ]]; then
+    echo "FAIL (hung, killed after 120 s): $*"; failures=$((failures + 1)); return
+  fi
+  if [[ "$want" == nonzero && $rc -ne 0 ]] || [[ "$rc" == "$want" ]]; then
+    if grep -qE -- "$pattern" <<<"$out"; then
+      passed=$((passed + 1)); return
+    fi
+  fi
+  echo "FAIL (exit $rc, wanted $want, pattern '$pattern'): $*"
+  echo "$out" | tail -5 | sed 's/^/    /'
+  failures=$((failures + 1))
+}
+
+data=(--data "$tmp/train.npy")
+expect 2 "--steps must be positive" "$trainer" "${small[@]}" "${data[@]}" --steps 0
+expect 2 "--steps must be positive" "$trainer" "${small[@]}" "${data[@]}" --steps -3
+expect 2 "--batch must be positive" "$trainer" "${small[@]}" "${data[@]}" --batch 0
+expect 2 "--ctx must be positive" "$trainer" "${small[@]}" "${data[@]}" --ctx 0
+expect 2 "--heads 3 does not divide --d-model 16" "$trainer" "${small[@]}" "${data[@]}" --heads 3
+expect 2 "head dimension 5 .* is odd" "$trainer" "${small[@]}" "${data[@]}" --d-model 10 --heads 2
+expect 2 "unknown model preset 'huge'" "$trainer" "${small[@]}" "${data[@]}" --model huge
+expect 2 "--data is required" "$trainer" "${small[@]}"
+expect 2 "no-such-file" "$trainer" "${small[@]}" --data "$tmp/no-such-file.npy"
+expect 2 "unknown|not a strategy|--ddp" "$trainer" "${small[@]}" "${data[@]}" --ddp ring
+expect 2 "--frobnicate" "$trainer" "${small[@]}" "${data[@]}" --frobnicate
+# Data shorter than ctx + 2 tokens.
+printf 'abcde' > "$tmp/short.txt"
+"$tokenize" --out-train "$tmp/short.npy" --out-val "$tmp/short_val.npy" --val-fraction 0 \
+  "$tmp/short.txt" > /dev/null
+expect 2 "at least" "$trainer" "${small[@]}" --data "$tmp/short.npy"
+# Token ids >= vocab (byte-level data with a 100-token vocabulary).
+expect 2 "vocab|>= 100" "$trainer" "${small[@]}" "${data[@]}" --vocab 100
+# Unwritable --out (a path below a regular file).
+touch "$tmp/afile"
+expect 2 "--out" "$trainer" "${small[@]}" "${data[@]}" --steps 2 --out "$tmp/afile/sub"
+# A corrupt checkpoint and a missing one.
+expect 2 "no such checkpoint directory" "$trainer" "${small[@]}" "${data[@]}" --resume "$tmp/nope"
+"$trainer" "${small[@]}" "${data[@]}" --steps 2 --out "$tmp/run" > /dev/null 2>&1
+printf 'garbage' | dd of="$tmp/run/step_2/optimizer.safetensors" bs=1 seek=100 conv=notrunc 2>/dev/null
+expect 2 "optimizer.safetensors" "$trainer" "${small[@]}" "${data[@]}" --steps 4 --resume "$tmp/run/step_2"
+truncate -s 50 "$tmp/run/model.safetensors"
+expect 2 "model.safetensors" "$trainer" "${small[@]}" "${data[@]}" --init-from "$tmp/run/model.safetensors"
+# Multi-rank: refused strategies and settings that differ between ranks, on every rank.
+expect 2 "--ddp none needs a single rank" $mpirun -np 2 "$trainer" "${small[@]}" "${data[@]}" --ddp none
+expect 2 "settings differ from rank 0's: first difference --lr" \
+  $mpirun -np 1 "$trainer" "${small[@]}" "${data[@]}" --lr 1e-3 : -np 1 "$trainer" "${small[@]}" "${data[@]}" --lr 2e-3
+# A bad file seen by every rank: each rank prints the error.
+out=$(timeout 120 $mpirun -np 2 "$trainer" "${small[@]}" --data "$tmp/missing.npy" 2>&1)
+if [[ $(grep -c "missing.npy" <<<"$out") -ge 2 ]]; then passed=$((passed + 1)); else
+  echo "FAIL: the missing-file error was not printed by both ranks"; failures=$((failures + 1)); fi
+# A rank that dies mid-run: every rank stops, non-zero, well within the timeout.
+expect nonzero "exits abruptly" $mpirun -np 2 "$trainer" "${small[@]}" "${data[@]}" --steps 1000 \
+  --debug-die-at-step 3 --debug-die-rank 1
+# And a healthy 2-rank run for contrast.
+expect 0 "step +2/2" $mpirun -np 2 "$trainer" "${small[@]}" "${data[@]}" --steps 2 --log-every 1
+
+echo "$passed passed, $failures failed"
+[[ $failures -eq 0 ]]

@@ -1,0 +1,266 @@
+// Token files (.npy / .bin parsing and every way they can be wrong) and the SPEC.md samplers.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/data.h"
+#include "tests/catch.h"
+
+using namespace trainer;
+
+namespace {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with everything in it at scope exit.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base ? base : "/tmp") + "/trainer_test_data.XXXXXX";
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(f.good());
+}
+
+std::string u16_bytes(const std::vector<uint16_t>& v) {
+  std::string s(v.size() * 2, '\0');
+  for (size_t i = 0; i < v.size(); ++i) {
+    s[2 * i] = static_cast<char>(v[i] & 0xff);
+    s[2 * i + 1] = static_cast<char>(v[i] >> 8);
+  }
+  return s;
+}
+
+// A .npy file by hand: preamble of the given version, `dict` padded to 64 bytes, then `data`.
+std::string make_npy(const std::string& dict, const std::string& data, int major = 1) {
+  const size_t pre = major == 1 ? 10 : 12;
+  const size_t total = (pre + dict.size() + 1 + 63) / 64 * 64;
+  const size_t hlen = total - pre;
+  std::string s = std::string("\x93NUMPY", 6) + static_cast<char>(major) + '\0';
+  s += static_cast<char>(hlen & 0xff);
+  s += static_cast<char>((hlen >> 8) & 0xff);
+  if (major != 1) s += std::string("\0\0", 2);
+  s += dict + std::string(hlen - dict.size() - 1, ' ') + '\n';
+  return s + data;
+}
+
+}  // namespace
+
+TEST_CASE("sequential sampler: o = ((s*G + r) * T) mod (N - T - 1)") {
+  Sampler s{SamplerKind::kSequential, 7, 1000, 16, 8};  // M = 1000 - 16 - 1 = 983
+  REQUIRE(s.offset(0, 0) == 0);
+  REQUIRE(s.offset(0, 1) == 16);
+  REQUIRE(s.offset(3, 5) == 464);   // (3*8 + 5) * 16 = 464
+  REQUIRE(s.offset(10, 7) == 409);  // 87 * 16 = 1392 = 983 + 409
+  REQUIRE(s.offset(61, 3) == (61 * 8 + 3) * 16 % 983);
+  // The product overflows 64 bits: (2^60 * 64 + 3) * 1024 mod 1000003 = 412716 (by Python).
+  Sampler big{SamplerKind::kSequential, 0, 1000003 + 1024 + 1, 1024, 64};
+  REQUIRE(big.offset(int64_t(1) << 60, 3) == 412716);
+  REQUIRE_THROWS_AS(s.offset(0, 8), RuntimeError);  // row outside [0, G)
+}
+
+TEST_CASE("random sampler matches the reference hash") {
+  // Values from a Python transcription of the splitmix64 chain + Lemire reduction. Pinning them
+  // means a change of data order (which would break resumed runs) cannot go unnoticed.
+  REQUIRE(Sampler{SamplerKind::kRandom, 1234, 1000, 16, 8}.offset(5, 7) == 333);
+  REQUIRE(Sampler{SamplerKind::kRandom, 0, 1000, 16, 8}.offset(0, 0) == 136);
+  REQUIRE(Sampler{SamplerKind::kRandom, 42, 1000000007 + 8 + 1, 8, 64}.offset(1000000, 63) ==
+          178426484);
+  REQUIRE(Sampler{SamplerKind::kRandom, ~uint64_t(0), 12345 + 4 + 1, 4, 2}.offset(3, 0) == 1274);
+}
+
+TEST_CASE("random sampler: deterministic, in range, independent of G, varies with seed/step/row") {
+  const int64_t N = 50000, T = 64, M = N - T - 1;
+  Sampler a{SamplerKind::kRandom, 1, N, T, 32};
+  Sampler a_wide{SamplerKind::kRandom, 1, N, T, 4096};  // another world size: same rows
+  Sampler b{SamplerKind::kRandom, 2, N, T, 32};
+  int same_seed = 0, same_step = 0, same_row = 0;
+  for (int64_t s = 0; s < 50; ++s) {
+    for (int64_t r = 0; r < 32; ++r) {
+      const int64_t o = a.offset(s, r);
+      REQUIRE(o >= 0);
+      REQUIRE(o < M);
+      REQUIRE(a.offset(s, r) == o);
+      REQUIRE(a_wide.offset(s, r) == o);
+      same_seed += b.offset(s, r) == o;
+      same_step += a.offset(s + 1, r) == o;
+      same_row += a.offset(s, (r + 1) % 32) == o;
+    }
+  }
+  // 1600 pairs each; a chance match has probability 1/M, so even 3 would be remarkable.
+  REQUIRE(same_seed <= 2);
+  REQUIRE(same_step <= 2);
+  REQUIRE(same_row <= 2);
+}
+
+TEST_CASE("random sampler is roughly uniform") {
+  const int64_t bins = 16, M = bins * 1000, T = 8;
+  Sampler s{SamplerKind::kRandom, 99, M + T + 1, T, 100};
+  std::vector<int64_t> count(bins, 0);
+  const int64_t draws = 100000;
+  for (int64_t step = 0; step < draws / 100; ++step)
+    for (int64_t r = 0; r < 100; ++r) ++count[s.offset(step, r) / 1000];
+  const double expect = double(draws) / bins;
+  double chi2 = 0;
+  for (int64_t c : count) chi2 += (c - expect) * (c - expect) / expect;
+  // 15 degrees of freedom: mean 15, sd 5.5; P(chi2 > 60) ~ 1e-7.
+  INFO("chi2 = " << chi2);
+  REQUIRE(chi2 < 60.0);
+  // The low bits are uniform too (offset mod 16 over a range that is a multiple of 16).
+  std::vector<int64_t> low(bins, 0);
+  for (int64_t step = 0; step < draws / 100; ++step)
+    for (int64_t r = 0; r < 100; ++r) ++low[s.offset(step, r) % bins];
+  double chi2_low = 0;
+  for (int64_t c : low) chi2_low += (c - expect) * (c - expect) / expect;
+  INFO("chi2 (low bits) = " << chi2_low);
+  REQUIRE(chi2_low < 60.0);
+}
+
+TEST_CASE("parse_sampler") {
+  REQUIRE(parse_sampler("sequential") == SamplerKind::kSequential);
+  REQUIRE(parse_sampler("random") == SamplerKind::kRandom);
+  REQUIRE(std::string(sampler_name(SamplerKind::kRandom)) == "random");
+  REQUIRE_THROWS_WITH(parse_sampler("shuffle"),
+                      ContainsSubstring("--sampler") && ContainsSubstring("'shuffle'"));
+}
+
+TEST_CASE("npy and bin round trip; fill_rows returns the shifted windows") {
+  TempDir dir;
+  std::vector<uint16_t> tok(1000);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<uint16_t>((i * 7919) % 65536);
+  write_npy_u16(dir.file("t.npy"), tok.data(), static_cast<int64_t>(tok.size()));
+  write_token_file(dir.file("t.bin"), tok.data(), static_cast<int64_t>(tok.size()));
+  // NumPy 1.0 layout: 10-byte preamble + 60-byte dict + '\n' padded to 128, as NumPy writes it.
+  REQUIRE(std::filesystem::file_size(dir.file("t.npy")) == 128 + 2 * tok.size());
+  {
+    std::ifstream f(dir.file("t.npy"), std::ios::binary);
+    std::string head(128, '\0');
+    f.read(head.data(), 128);
+    REQUIRE(head.substr(0, 10) == std::string("\x93NUMPY\x01\x00\x76\x00", 10));
+    REQUIRE(head.substr(10, 60) == "{'descr': '<u2', 'fortran_order': False, 'shape': (1000,), }");
+    REQUIRE(head[127] == '\n');
+  }
+  REQUIRE(std::filesystem::file_size(dir.file("t.bin")) == 2 * tok.size());
+  REQUIRE(!std::filesystem::exists(dir.file("t.npy.tmp." + std::to_string(getpid()))));
+
+  for (const char* name : {"t.npy", "t.bin"}) {
+    TokenFile f = TokenFile::open(dir.file(name));
+    REQUIRE(f.path() == dir.file(name));
+    REQUIRE(f.size() == 1000);
+    REQUIRE(std::vector<uint16_t>(f.data(), f.data() + f.size()) == tok);
+    TokenFile moved = std::move(f);  // the mapping moves with it
+    REQUIRE(moved.data()[999] == tok[999]);
+
+    const int64_t T = 10, G = 6;
+    for (SamplerKind kind : {SamplerKind::kSequential, SamplerKind::kRandom}) {
+      Sampler s{kind, 5, moved.size(), T, G};
+      std::vector<int32_t> in(3 * T), tg(3 * T);
+      fill_rows(moved, s, 4, 2, 3, in.data(), tg.data());  // rows 2, 3, 4 of step 4
+      for (int64_t i = 0; i < 3; ++i) {
+        const int64_t o = s.offset(4, 2 + i);
+        if (kind == SamplerKind::kSequential) REQUIRE(o == ((4 * G + 2 + i) * T) % (1000 - T - 1));
+        for (int64_t t = 0; t < T; ++t) {
+          REQUIRE(in[i * T + t] == tok[o + t]);
+          REQUIRE(tg[i * T + t] == tok[o + t + 1]);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("npy headers in other valid spellings are accepted") {
+  TempDir dir;
+  const std::string data = u16_bytes({1, 2, 3, 65535, 5});
+  // Version 2.0, double quotes, keys in another order, no trailing comma.
+  write_bytes(dir.file("v2.npy"),
+              make_npy("{\"shape\": (5,), \"fortran_order\": False, \"descr\": \"<u2\"}", data, 2));
+  write_bytes(dir.file("v3.npy"),
+              make_npy("{'descr':'<u2','fortran_order':False,'shape':(5L,),}", data, 3));
+  for (const char* name : {"v2.npy", "v3.npy"}) {
+    TokenFile f = TokenFile::open(dir.file(name));
+    REQUIRE(f.size() == 5);
+    REQUIRE(f.data()[3] == 65535);
+    REQUIRE(f.data()[4] == 5);
+  }
+  // An empty array and an empty .bin are valid files (check_length refuses them later).
+  write_bytes(dir.file("e.npy"),
+              make_npy("{'descr': '<u2', 'fortran_order': False, 'shape': (0,), }", ""));
+  write_bytes(dir.file("e.bin"), "");
+  REQUIRE(TokenFile::open(dir.file("e.npy")).size() == 0);
+  REQUIRE(TokenFile::open(dir.file("e.bin")).size() == 0);
+}
+
+TEST_CASE("bad token files are refused with a message naming the file and the defect") {
+  TempDir dir;
+  const std::string good_dict = "{'descr': '<u2', 'fortran_order': False, 'shape': (6,), }";
+  const std::string data = u16_bytes({1, 2, 3, 4, 5, 6});
+  auto check = [&](const std::string& name, const std::string& bytes, const std::string& words) {
+    write_bytes(dir.file(name), bytes);
+    REQUIRE_THROWS_AS(TokenFile::open(dir.file(name)), UsageError);
+    REQUIRE_THROWS_WITH(TokenFile::open(dir.file(name)),
+                        ContainsSubstring(dir.file(name)) && ContainsSubstring(words));
+  };
+  check("i4.npy", make_npy("{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }", data),
+        "dtype '<i4' (need '<u2' = uint16)");
+  check("be.npy", make_npy("{'descr': '>u2', 'fortran_order': False, 'shape': (6,), }", data),
+        "dtype '>u2'");
+  check("2d.npy", make_npy("{'descr': '<u2', 'fortran_order': False, 'shape': (3, 2), }", data),
+        "2-D shape (3, 2) (need 1-D)");
+  check("0d.npy", make_npy("{'descr': '<u2', 'fortran_order': False, 'shape': (), }", data),
+        "0-D shape ()");
+  check("f.npy", make_npy("{'descr': '<u2', 'fortran_order': True, 'shape': (6,), }", data),
+        "Fortran order");
+  check("trunc.npy",
+        make_npy("{'descr': '<u2', 'fortran_order': False, 'shape': (1000,), }",
+                 std::string(200, 'x')),
+        "truncated: header says 1000 tokens but 200 bytes follow");
+  check("long.npy", make_npy(good_dict, data + "zz"), "2 bytes after its data");
+  check("magic.npy", "\x93NUMPZ" + make_npy(good_dict, data).substr(6), "bad magic");
+  check("short.npy", std::string("\x93NUM", 4), "bad magic");
+  check("hdr.npy", make_npy(good_dict, data).substr(0, 40), "truncated");
+  check("ver.npy", make_npy(good_dict, data, 4), "unsupported .npy version 4.0");
+  check("garbage.npy", make_npy("{'descr': <u2}", data), "cannot parse the .npy header");
+  check("noshape.npy", make_npy("{'descr': '<u2', 'fortran_order': False}", data), "'shape'");
+  check("odd.bin", "abc", "odd size (3 bytes)");
+  // A missing file and a directory.
+  REQUIRE_THROWS_WITH(
+      TokenFile::open(dir.file("missing.bin")),
+      ContainsSubstring(dir.file("missing.bin")) && ContainsSubstring("No such file or directory"));
+  REQUIRE_THROWS_WITH(TokenFile::open(dir.path),
+                      ContainsSubstring(dir.path) && ContainsSubstring("not a regular file"));
+}
+
+TEST_CASE("check_vocab and check_length") {
+  TempDir dir;
+  std::vector<uint16_t> tok(100000);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<uint16_t>(i % 256);
+  tok[77777] = 300;
+  tok[88888] = 9999;
+  write_token_file(dir.file("v.bin"), tok.data(), static_cast<int64_t>(tok.size()));
+  TokenFile f = TokenFile::open(dir.file("v.bin"));
+  f.check_vocab(10000);  // every id < 10000
+  f.check_vocab(65536);
+  REQUIRE_THROWS_WITH(f.check_vocab(256), ContainsSubstring(dir.file("v.bin")) &&
+                                              ContainsSubstring("token id 300 at position 77777"));
+  REQUIRE_THROWS_WITH(f.check_vocab(301), ContainsSubstring("token id 9999 at position 88888"));
+
+  f.check_length(100000 - 2);  // exactly ctx + 2 tokens
+  REQUIRE_THROWS_WITH(f.check_length(100000 - 1), ContainsSubstring(dir.file("v.bin")) &&
+                                                      ContainsSubstring("too short") &&
+                                                      ContainsSubstring("needs at least 100001"));
+}

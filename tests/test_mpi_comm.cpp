@@ -1,0 +1,78 @@
+// MpiCommunicator collectives on host buffers, under mpirun with 2 and 3 ranks.
+#include <mpi.h>
+
+#include <vector>
+
+#include "comm/mpi_communicator.h"
+#include "tests/catch.h"
+
+using namespace trainer;
+
+namespace {
+BufferView view(std::vector<float>& v) {
+  return {v.data(), static_cast<int64_t>(v.size()), DType::kF32, DeviceKind::kCpu};
+}
+}  // namespace
+
+TEST_CASE("all_reduce, reduce_scatter, all_gather, broadcast") {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  const int r = comm.rank(), w = comm.world();
+  REQUIRE(w >= 2);
+
+  std::vector<float> a(1000);
+  for (int i = 0; i < 1000; ++i) a[i] = static_cast<float>(r * 1000 + i);
+  comm.all_reduce_sum(view(a))->wait();
+  for (int i = 0; i < 1000; ++i)
+    REQUIRE(a[i] == static_cast<float>(1000 * w * (w - 1) / 2 + w * i));
+
+  // Uneven segments, one of them empty: rank k owns counts[k] elements.
+  std::vector<int64_t> counts(w);
+  for (int k = 0; k < w; ++k) counts[k] = k == 1 ? 0 : 10 + 7 * k;
+  int64_t total = 0, mine = 0;
+  for (int k = 0; k < w; ++k) {
+    if (k == r) mine = total;
+    total += counts[k];
+  }
+  std::vector<float> b(total);
+  for (int64_t i = 0; i < total; ++i) b[i] = static_cast<float>(i + r);
+  auto h = comm.reduce_scatter_sum(view(b), counts);
+  while (!h->test()) comm.progress();
+  for (int64_t i = mine; i < mine + counts[r]; ++i)
+    REQUIRE(b[i] == static_cast<float>(w * i + w * (w - 1) / 2));
+
+  std::vector<float> c(total, -1.0f);
+  for (int64_t i = mine; i < mine + counts[r]; ++i) c[i] = static_cast<float>(100 + r);
+  comm.all_gather(view(c), counts)->wait();
+  int64_t at = 0;
+  for (int k = 0; k < w; ++k)
+    for (int64_t i = 0; i < counts[k]; ++i) REQUIRE(c[at++] == static_cast<float>(100 + k));
+
+  std::vector<float> d(77, static_cast<float>(r));
+  comm.broadcast(view(d), w - 1)->wait();
+  for (float x : d) REQUIRE(x == static_cast<float>(w - 1));
+
+  REQUIRE(comm.sum(1.5) == 1.5 * w);
+  REQUIRE(comm.max(static_cast<double>(r)) == w - 1);
+  REQUIRE(comm.broadcast_string(r == 0 ? "hello" : "", 0) == "hello");
+  std::vector<float> g(3 * w, 0.0f);
+  std::vector<float> mine3 = {float(r), float(r) + 0.5f, float(r) + 0.25f};
+  comm.gather_to_root(mine3.data(), 3, g.data());
+  if (r == 0)
+    for (int k = 0; k < w; ++k) REQUIRE(g[3 * k + 1] == static_cast<float>(k) + 0.5f);
+  REQUIRE(local_rank_of(MPI_COMM_WORLD) == r);  // one node
+}
+
+TEST_CASE("a usage error on one rank reaches every rank") {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  const int bad = comm.world() - 1;
+  try {
+    agree_on_usage_errors(comm, [&] {
+      if (comm.rank() == bad) usage_error("file missing on rank {}", bad);
+    });
+    FAIL("no error raised");
+  } catch (const AgreedUsageError& e) {
+    REQUIRE(std::string(e.what()).find("file missing on rank " + std::to_string(bad)) !=
+            std::string::npos);
+  }
+  REQUIRE_NOTHROW(agree_on_usage_errors(comm, [] {}));
+}

@@ -1,0 +1,174 @@
+// GPU tests of optim/: the CUDA AdamW step, sum_squares and bf16 cast against the CPU
+// implementation (the reference) on 1e6+3 random elements. Skipped (exit 77) without a GPU.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/device_buffer.h"
+#include "optim/adamw.h"
+#include "tests/catch.h"
+
+#ifdef TRAINER_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.h"
+#endif
+
+using namespace trainer;
+
+namespace {
+
+constexpr int64_t kN = 1000003;  // not a multiple of 4: the vector kernels' tail is exercised
+
+std::vector<float> random_floats(int64_t n, float scale, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+BufferView host_view(std::vector<float>& v) {
+  return BufferView{v.data(), static_cast<int64_t>(v.size()), DType::kF32, DeviceKind::kCpu};
+}
+
+template <typename T>
+std::vector<T> download(BufferView v) {
+  std::vector<T> h(static_cast<size_t>(v.count));
+  BufferView hv{h.data(), v.count, v.dtype, DeviceKind::kCpu};
+  copy(hv, v);
+  return h;
+}
+
+DeviceBuffer upload(const std::vector<float>& h) {
+  DeviceBuffer d(DeviceKind::kCuda, DType::kF32, static_cast<int64_t>(h.size()));
+  copy(d.view(),
+       BufferView{const_cast<float*>(h.data()), d.count(), DType::kF32, DeviceKind::kCpu});
+  return d;
+}
+
+// Number of elements where |a - b| > rel * |b| (plus a floor far below any value compared here).
+int64_t count_rel_mismatch(const std::vector<float>& a, const std::vector<float>& b, double rel) {
+  int64_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (!(d <= rel * std::fabs(static_cast<double>(b[i])) + 1e-30)) ++bad;
+  }
+  return bad;
+}
+
+// Elements whose bf16 bit patterns differ by more than one ulp (same sign, adjacent codes).
+int64_t count_bf16_mismatch(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  int64_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const int d = static_cast<int>(a[i]) - static_cast<int>(b[i]);
+    if ((a[i] & 0x8000) != (b[i] & 0x8000) || d > 1 || d < -1) ++bad;
+  }
+  return bad;
+}
+
+// Runs 3 AdamW steps (varying lr, a clip scale) on the GPU and on the CPU from the same random
+// start, writing params of `out_dtype`. `offset` shifts the gradient and output views by that many
+// elements inside larger buffers, so offset 1 takes the scalar (unaligned) kernel path.
+void compare_adamw(DType out_dtype, int64_t offset) {
+  const AdamWConfig cfg;  // SPEC defaults
+  const std::vector<float> p0 = random_floats(kN, 0.02f, 1);
+  AdamW cpu(DeviceKind::kCpu, kN, cfg), gpu(DeviceKind::kCuda, kN, cfg);
+  copy(cpu.master(), BufferView{const_cast<float*>(p0.data()), kN, DType::kF32, DeviceKind::kCpu});
+  copy(gpu.master(), cpu.master());
+
+  DeviceBuffer cpu_out(DeviceKind::kCpu, out_dtype, kN + offset);
+  DeviceBuffer gpu_out(DeviceKind::kCuda, out_dtype, kN + offset);
+  DeviceBuffer gpu_grads(DeviceKind::kCuda, DType::kF32, kN + offset);
+  const double lrs[3] = {3e-4, 1e-3, 5e-4};
+  const float scales[3] = {1.0f, 0.25f, 0.8f};
+  for (int t = 1; t <= 3; ++t) {
+    std::vector<float> g = random_floats(kN, 1e-2f, 100 + t);
+    g[7] = 0.0f;   // no gradient: pure decay
+    g[8] = 1e-9f;  // eps dominates the denominator
+    copy(gpu_grads.slice(offset, kN), host_view(g));
+    cpu.step(host_view(g), cpu_out.slice(offset, kN), lrs[t - 1], t, scales[t - 1]);
+    gpu.step(gpu_grads.slice(offset, kN), gpu_out.slice(offset, kN), lrs[t - 1], t, scales[t - 1]);
+  }
+  const std::vector<float> cm = download<float>(cpu.master()), gm = download<float>(gpu.master());
+  CHECK(count_rel_mismatch(gm, cm, 1e-6) == 0);
+  CHECK(count_rel_mismatch(download<float>(gpu.exp_avg()), download<float>(cpu.exp_avg()), 1e-6) ==
+        0);
+  CHECK(count_rel_mismatch(download<float>(gpu.exp_avg_sq()), download<float>(cpu.exp_avg_sq()),
+                           1e-6) == 0);
+  // The run really moved the parameters (the comparison is not of two untouched copies).
+  int64_t moved = 0;
+  for (int64_t i = 0; i < kN; ++i) moved += cm[i] != p0[i];
+  CHECK(moved > kN / 2);
+
+  if (out_dtype == DType::kF32) {
+    CHECK(count_rel_mismatch(download<float>(gpu_out.slice(offset, kN)), cm, 1e-6) == 0);
+  } else {
+    // GPU bf16 params vs the CPU's own rounding of its master (exact or within 1 ulp).
+    std::vector<uint16_t> cpu_round(kN);
+    cast_f32_to_params(cpu.master(),
+                       BufferView{cpu_round.data(), kN, DType::kBF16, DeviceKind::kCpu});
+    const std::vector<uint16_t> g16 = download<uint16_t>(gpu_out.slice(offset, kN));
+    CHECK(count_bf16_mismatch(g16, cpu_round) == 0);
+    CHECK(download<uint16_t>(cpu_out.slice(offset, kN)) == cpu_round);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("GPU AdamW matches the CPU reference, fp32 params, aligned and unaligned") {
+  compare_adamw(DType::kF32, 0);
+  compare_adamw(DType::kF32, 1);
+}
+
+TEST_CASE("GPU AdamW matches the CPU reference, bf16 params, aligned and unaligned") {
+  compare_adamw(DType::kBF16, 0);
+  compare_adamw(DType::kBF16, 1);
+}
+
+TEST_CASE("GPU sum_squares matches the CPU and is deterministic") {
+  std::vector<float> h = random_floats(kN, 0.5f, 7);
+  DeviceBuffer d = upload(h);
+  const double want = sum_squares(host_view(h));
+  const double got = sum_squares(d.view());
+  CHECK_THAT(got, WithinRel(want, 1e-6));
+  CHECK(sum_squares(d.view()) == got);  // bit-identical on a second run
+  // Unaligned view (scalar kernel) and a short one (a single partial block).
+  CHECK_THAT(sum_squares(d.slice(1, kN - 1)),
+             WithinRel(sum_squares(host_view(h).slice(1, kN - 1)), 1e-6));
+  CHECK_THAT(sum_squares(d.slice(3, 5)), WithinRel(sum_squares(host_view(h).slice(3, 5)), 1e-6));
+  CHECK(sum_squares(d.slice(0, 0)) == 0.0);
+#ifdef TRAINER_WITH_CUDA
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK(sum_squares(d.view(), stream) == got);
+  CUDA_CHECK(cudaStreamDestroy(stream));
+#endif
+}
+
+TEST_CASE("GPU cast_f32_to_params: bf16 rounding equals the CPU's, fp32 is a copy") {
+  std::vector<float> h = random_floats(kN, 3.0f, 11);
+  h[0] = 1.0f + std::ldexp(1.0f, -8);  // ties to even
+  h[1] = 1.0f + 3 * std::ldexp(1.0f, -8);
+  h[2] = std::numeric_limits<float>::max();
+  h[3] = -std::numeric_limits<float>::infinity();
+  h[4] = std::numeric_limits<float>::quiet_NaN();
+  DeviceBuffer d = upload(h);
+  for (int64_t offset : {0, 1}) {
+    const int64_t n = kN - offset;
+    std::vector<uint16_t> want(n);
+    cast_f32_to_params(host_view(h).slice(offset, n),
+                       BufferView{want.data(), n, DType::kBF16, DeviceKind::kCpu});
+    DeviceBuffer d16(DeviceKind::kCuda, DType::kBF16, n);
+    cast_f32_to_params(d.slice(offset, n), d16.view());
+    CHECK(download<uint16_t>(d16.view()) == want);
+
+    DeviceBuffer d32(DeviceKind::kCuda, DType::kF32, n);
+    cast_f32_to_params(d.slice(offset, n), d32.view());
+    const std::vector<float> back = download<float>(d32.view());
+    CHECK(std::memcmp(back.data(), h.data() + offset, n * sizeof(float)) == 0);
+  }
+}
