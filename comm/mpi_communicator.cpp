@@ -218,6 +218,21 @@ void MpiCommunicator::gather_to_root(const float* mine, int64_t n, float* root_o
   }
 }
 
+std::vector<std::string> MpiCommunicator::gather_strings_to_root(const std::string& mine) const {
+  const int n = as_int_count(static_cast<int64_t>(mine.size()), "gather_strings");
+  std::vector<int> sizes(world_), displs(world_);
+  MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_));
+  int64_t total = 0;
+  for (int r = 0; r < world_; ++r) displs[r] = as_int_count(total, "gather_strings"), total += sizes[r];
+  std::string all(rank_ == 0 ? total : 0, '\0');
+  MPI_CHECK(MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), displs.data(), MPI_CHAR,
+                        0, comm_));
+  std::vector<std::string> out;
+  if (rank_ == 0)
+    for (int r = 0; r < world_; ++r) out.push_back(all.substr(displs[r], sizes[r]));
+  return out;
+}
+
 void agree_on_error_message(const MpiCommunicator& comm, const std::string& my_error) {
   const int64_t first_bad =
       -comm.max(my_error.empty() ? int64_t{-comm.world()} : int64_t{-comm.rank()});

@@ -35,6 +35,8 @@ class MpiCommunicator : public Communicator {
   // Rank 0 receives every rank's `n` floats, in rank order, into root_out[world * n] (ignored
   // elsewhere). Any n (large transfers are chunked).
   void gather_to_root(const float* mine, int64_t n, float* root_out) const;
+  // Rank 0 receives every rank's string, in rank order.
+  std::vector<std::string> gather_strings_to_root(const std::string& mine) const;
   // Rank 0 receives every rank's values (rows in rank order); others get an empty vector.
   std::vector<std::vector<double>> gather_to_root(const std::vector<double>& mine) const;
 

@@ -74,13 +74,19 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--ddp", o.ddp, "none | naive | flat | overlap | bucketed");
   app.add_option("--bucket-mb", o.bucket_mb, "bucket size in MiB for --ddp bucketed (0 = one)");
   app.add_flag("--shard-optim", o.shard_optim, "ZeRO-1: shard fp32 master weights and AdamW state");
+  app.add_option("--grad-reduce", o.grad_reduce, "fp32 | bf16: precision of gradient collectives");
   app.add_option("--timing-warmup", o.timing_warmup, "steps left out of the final timing table");
+  app.add_option("--comm-timeout", o.comm_timeout,
+                 "seconds a GPU collective may take before every rank is stopped");
+  app.add_option("--trace", o.trace, "write a Chrome-trace JSON (Perfetto) of phases and collectives");
   app.add_option("--peak-tflops", o.peak_tflops, "peak TFLOP/s per device for MFU (0 = default)");
   app.add_flag("--benchmark", o.benchmark, "time steps on synthetic tokens instead of training");
   app.add_option("--mode", o.bench_mode, "benchmark: forward | forward-backward | train");
   app.add_option("--csv", o.csv, "benchmark: append a result row to this CSV file");
   app.add_option("--debug-die-at-step", o.debug_die_at_step)->group("");
   app.add_option("--debug-die-rank", o.debug_die_rank)->group("");
+  app.add_option("--debug-stall-at-step", o.debug_stall_at_step)->group("");
+  app.add_option("--debug-stall-rank", o.debug_stall_rank)->group("");
 
   try {
     app.parse(argc, argv);
@@ -120,6 +126,9 @@ void validate_options(const Options& o) {
   if (o.eval_batches <= 0) usage_error("--eval-batches must be positive");
   if (o.bucket_mb < 0) usage_error("--bucket-mb must not be negative (got {})", o.bucket_mb);
   if (o.timing_warmup < 0) usage_error("--timing-warmup must not be negative");
+  if (!(o.comm_timeout > 0)) usage_error("--comm-timeout must be positive (got {})", o.comm_timeout);
+  if (o.grad_reduce != "fp32" && o.grad_reduce != "bf16")
+    usage_error("--grad-reduce '{}' is not fp32 or bf16", o.grad_reduce);
   if (o.sampler != "random" && o.sampler != "sequential")
     usage_error("--sampler '{}' is not random or sequential", o.sampler);
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
@@ -138,6 +147,8 @@ void validate_options(const Options& o) {
     usage_error("--data is required (a uint16 .npy or .bin token file; see launch/prepare_data.sh)");
   if (!o.init_from.empty() && !o.resume.empty())
     usage_error("--init-from and --resume exclude each other (--resume restores the weights too)");
+  if (o.device == "cpu" && o.grad_reduce != "fp32")
+    usage_error("--grad-reduce bf16 needs --device cuda; the CPU backend reduces in fp32");
   if (o.device == "cpu" && o.precision != "auto" && o.precision != "fp32")
     usage_error("--precision {} needs --device cuda; the CPU backend is fp32", o.precision);
 }
@@ -154,7 +165,8 @@ std::string settings_fingerprint(const Options& o) {
   s << "save-every=" << o.save_every << "\nout=" << o.out << "\neval-every=" << o.eval_every
     << "\neval-batches=" << o.eval_batches << "\n";
   s << "device=" << o.device << "\nprecision=" << o.precision << "\nattn=" << o.attention << "\n";
-  s << "ddp=" << o.ddp << "\nbucket-mb=" << o.bucket_mb << "\nshard-optim=" << o.shard_optim << "\n";
+  s << "ddp=" << o.ddp << "\nbucket-mb=" << o.bucket_mb << "\nshard-optim=" << o.shard_optim
+    << "\ngrad-reduce=" << o.grad_reduce << "\n";
   s << "benchmark=" << o.benchmark << "\nmode=" << o.bench_mode << "\n";
   return s.str();
 }

@@ -32,7 +32,10 @@ struct Options {
   std::string ddp = "bucketed";
   double bucket_mb = 25;
   bool shard_optim = false;
+  std::string grad_reduce = "fp32";  // fp32 | bf16 (CUDA gradient collectives)
   int64_t timing_warmup = 5;
+  double comm_timeout = 300;  // seconds a GPU collective may take before every rank is stopped
+  std::string trace;          // Chrome-trace JSON of step phases and collectives
   double peak_tflops = 0;  // 0: by device and precision
   // Benchmark mode
   bool benchmark = false;
@@ -41,6 +44,9 @@ struct Options {
   // Testing hooks (hidden): make one rank die at a step, to test failure handling.
   int64_t debug_die_at_step = -1;
   int debug_die_rank = -1;
+  // Testing hook (hidden): one rank stops answering at a step, to test the collective watchdog.
+  int64_t debug_stall_at_step = -1;
+  int debug_stall_rank = -1;
 
   std::vector<std::string> argv;  // the command line, for logs and checkpoints
 

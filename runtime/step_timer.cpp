@@ -20,25 +20,39 @@ const char* phase_name(Phase p) {
   return "?";
 }
 
+const char* time_slot_name(int slot) {
+  return slot == kCommTotal ? "comm_total" : phase_name(static_cast<Phase>(slot));
+}
+
 namespace {
 
 class HostTimer : public StepTimer {
  public:
-  void begin(Phase p) override { start_[idx(p)] = Clock::now(); }
+  void begin(Phase p) override { start_[idx(p)] = ms_since_origin(); }
   void end(Phase p) override {
-    sums_[idx(p)] += std::chrono::duration<double, std::milli>(Clock::now() - start_[idx(p)]).count();
+    const double now = ms_since_origin();
+    sums_[idx(p)] += now - start_[idx(p)];
+    pending_.push_back({p, start_[idx(p)], now});
   }
   PhaseTimes collect() override {
     PhaseTimes t = sums_;
     sums_.fill(0);
+    last_.swap(pending_);
+    pending_.clear();
     return t;
   }
+  const std::vector<PhaseInterval>& intervals() const override { return last_; }
 
  private:
   using Clock = std::chrono::steady_clock;
   static int idx(Phase p) { return static_cast<int>(p); }
-  std::array<Clock::time_point, kNumPhases> start_{};
+  double ms_since_origin() const {
+    return std::chrono::duration<double, std::milli>(Clock::now() - origin_).count();
+  }
+  Clock::time_point origin_ = Clock::now();
+  std::array<double, kNumPhases> start_{};
   PhaseTimes sums_{};
+  std::vector<PhaseInterval> pending_, last_;
 };
 
 }  // namespace

@@ -18,7 +18,17 @@ namespace trainer {
 enum class Phase { kData, kForward, kBackward, kComm, kOptimizer, kStep };
 constexpr int kNumPhases = 6;
 const char* phase_name(Phase p);
-using PhaseTimes = std::array<double, kNumPhases>;  // milliseconds
+// Milliseconds per phase, plus one more slot: the total time collectives ran on the comm stream
+// (hidden or not; measured on GPUs), so exposed and total communication can be compared.
+constexpr int kCommTotal = kNumPhases;
+using PhaseTimes = std::array<double, kNumPhases + 1>;
+const char* time_slot_name(int slot);  // phase names, then "comm_total"
+
+// One interval of the last collected step, in milliseconds since the timer's origin.
+struct PhaseInterval {
+  Phase phase;
+  double start_ms, end_ms;
+};
 
 class StepTimer {
  public:
@@ -27,6 +37,10 @@ class StepTimer {
   virtual void end(Phase p) = 0;
   // Ends the step: waits for its recorded intervals and returns their sums in milliseconds.
   virtual PhaseTimes collect() = 0;
+  // The intervals of the step last collected (for --trace).
+  virtual const std::vector<PhaseInterval>& intervals() const = 0;
+  // The CUDA event times are measured from (nullptr on the CPU).
+  virtual void* origin_event() { return nullptr; }
 };
 
 // Host clocks (CPU backend); the data phase always uses host clocks, since it is host work.

@@ -13,10 +13,16 @@ namespace {
 
 class CudaTimer : public StepTimer {
  public:
-  explicit CudaTimer(void* stream) : stream_(static_cast<cudaStream_t>(stream)) {}
+  explicit CudaTimer(void* stream) : stream_(static_cast<cudaStream_t>(stream)) {
+    CUDA_CHECK(cudaEventCreate(&origin_));
+    CUDA_CHECK(cudaEventRecord(origin_, stream_));
+  }
   ~CudaTimer() override {
     for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+    cudaEventDestroy(origin_);
   }
+  void* origin_event() override { return origin_; }
+  const std::vector<PhaseInterval>& intervals() const override { return last_; }
   void begin(Phase p) override {
     if (p == Phase::kData) return host_.begin(p);
     open_[static_cast<int>(p)] = record();
@@ -28,10 +34,13 @@ class CudaTimer : public StepTimer {
   PhaseTimes collect() override {
     PhaseTimes t = host_.collect();
     if (!intervals_.empty()) CUDA_CHECK(cudaEventSynchronize(pool_[intervals_.back().stop]));
+    last_.clear();
     for (const Interval& iv : intervals_) {
-      float ms = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, pool_[iv.start], pool_[iv.stop]));
-      t[iv.phase] += ms;
+      float a = 0, b = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&a, origin_, pool_[iv.start]));
+      CUDA_CHECK(cudaEventElapsedTime(&b, origin_, pool_[iv.stop]));
+      t[iv.phase] += b - a;
+      last_.push_back({static_cast<Phase>(iv.phase), a, b});
     }
     intervals_.clear();
     used_ = 0;
@@ -69,6 +78,8 @@ class CudaTimer : public StepTimer {
     }
   } host_;
   cudaStream_t stream_;
+  cudaEvent_t origin_ = nullptr;
+  std::vector<PhaseInterval> last_;
   std::vector<cudaEvent_t> pool_;
   size_t used_ = 0;
   std::array<size_t, kNumPhases> open_{};

@@ -9,10 +9,14 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "comm/grad_sync.h"
+#ifdef TRAINER_WITH_CUDA
+#include "comm/nccl_communicator.h"
+#endif
 #include "core/device_buffer.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -75,6 +79,8 @@ class Run {
   void setup();
   void init_state();
   double train_step(int64_t s, PhaseTimes& times, double& grad_norm);
+  PhaseTimes collect_times(int64_t s);
+  void write_trace();
   void forward_backward(int64_t step, bool backward, bool reduce);
   void optimizer_step(int64_t s, double& grad_norm);
   double evaluate();
@@ -92,6 +98,9 @@ class Run {
   Precision precision_ = Precision::kFp32;
   int64_t flat_ = 0, G_ = 0;
   std::unique_ptr<Replica> replica_;
+#ifdef TRAINER_WITH_CUDA
+  std::unique_ptr<NcclCommunicator> nccl_;
+#endif
   Communicator* grad_comm_ = nullptr;
   std::optional<ShardPlan> shards_;
   Range owned_;
@@ -104,7 +113,7 @@ class Run {
   std::vector<int32_t> inputs_, targets_;
   int64_t start_step_ = 0;
   std::ofstream metrics_;
-  std::vector<double> val_losses_;
+  std::vector<std::string> trace_;  // Chrome-trace events of this rank (JSON objects)
 };
 
 void Run::setup() {
@@ -137,10 +146,9 @@ void Run::setup() {
                   " (this binary was built without the CUDA backend)"
 #endif
       );
-    if (device_ == DeviceKind::kCuda && nranks_ > 1)
-      usage_error("multi-GPU training (world {}) needs the NCCL communicator, which this build "
-                  "does not have yet; run one rank per process on the CPU backend or one GPU",
-                  nranks_);
+    if (device_ == DeviceKind::kCpu && o_.grad_reduce != "fp32")
+      usage_error("--grad-reduce {} needs --device cuda; the CPU backend reduces in fp32",
+                  o_.grad_reduce);
     if (!o_.benchmark) {
       train_.emplace(TokenFile::open(o_.data));
       train_->check_length(o_.config.ctx);
@@ -178,8 +186,20 @@ void Run::setup() {
     replica_ = device_ == DeviceKind::kCpu ? make_cpu_replica(o_.config, ro)
                                            : make_cuda_replica(o_.config, ro);
   });
-  // Collectives on host buffers go through MPI; device buffers will use NCCL (multi-GPU issue).
+  // Collectives on host buffers go through MPI, on device buffers through NCCL.
   grad_comm_ = &world_;
+#ifdef TRAINER_WITH_CUDA
+  if (device_ == DeviceKind::kCuda && nranks_ > 1) {
+    NcclOptions no;
+    no.device = ro.device_index;
+    no.compute_stream = replica_->stream();
+    no.reduce_in_bf16 = o_.grad_reduce == "bf16";
+    no.staging_elems = no.reduce_in_bf16 ? flat_ : 0;
+    no.timeout_s = o_.comm_timeout;
+    nccl_ = make_nccl_communicator(world_, no);
+    grad_comm_ = nccl_.get();
+  }
+#endif
 
   AdamWConfig acfg;
   acfg.lr = o_.lr;
@@ -195,6 +215,9 @@ void Run::setup() {
   sync_ = std::make_unique<GradSync>(*grad_comm_, tensors, replica_->grads(), strategy,
                                      o_.bucket_mb * 1048576.0, shards_ ? &*shards_ : nullptr);
   timer_ = make_step_timer(device_, replica_->stream());
+#ifdef TRAINER_WITH_CUDA
+  if (nccl_) nccl_->set_origin(timer_->origin_event());
+#endif
   inputs_.resize(o_.batch * o_.config.ctx);
   targets_.resize(o_.batch * o_.config.ctx);
   if (train_) {
@@ -330,8 +353,60 @@ double Run::train_step(int64_t s, PhaseTimes& times, double& grad_norm) {
   optimizer_step(s, grad_norm);
   timer_->end(Phase::kStep);
   const double loss = world_.sum(replica_->take_loss()) / nranks_;
-  times = timer_->collect();
+  times = collect_times(s);
   return loss;
+}
+
+PhaseTimes Run::collect_times(int64_t s) {
+  PhaseTimes times = timer_->collect();
+  std::vector<std::pair<std::string, std::pair<double, double>>> collectives;
+#ifdef TRAINER_WITH_CUDA
+  if (nccl_)
+    for (const CollectiveRecord& r : nccl_->take_records()) {
+      times[kCommTotal] += r.end_ms - r.start_ms;
+      collectives.push_back({r.name, {r.start_ms, r.end_ms}});
+    }
+#endif
+  if (!o_.trace.empty()) {
+    // One process per rank, one track per stream (tid 0 compute, 1 communication).
+    auto event = [&](const std::string& name, int tid, double a, double b) {
+      trace_.push_back(json{{"name", name}, {"ph", "X"}, {"pid", rank_}, {"tid", tid},
+                            {"ts", a * 1e3}, {"dur", (b - a) * 1e3}, {"args", {{"step", s + 1}}}}
+                           .dump());
+    };
+    for (const PhaseInterval& iv : timer_->intervals())
+      if (iv.phase != Phase::kStep) event(phase_name(iv.phase), 0, iv.start_ms, iv.end_ms);
+    for (const auto& [name, t] : collectives) event(name, 1, t.first, t.second);
+  }
+  return times;
+}
+
+void Run::write_trace() {
+  if (o_.trace.empty()) return;
+  std::string mine;
+  for (size_t i = 0; i < trace_.size(); ++i) mine += (i ? ",\n" : "") + trace_[i];
+  const auto all = world_.gather_strings_to_root(mine);
+  if (rank_ != 0) return;
+  std::ofstream f(o_.trace);
+  if (!f) {
+    spdlog::error("--trace {}: cannot write the file", o_.trace);
+    return;
+  }
+  f << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  bool first = true;
+  for (int r = 0; r < nranks_; ++r) {
+    for (const auto& [tid, label] : {std::pair{0, "compute stream"}, std::pair{1, "comm stream"}}) {
+      f << (first ? "" : ",\n")
+        << json{{"name", "thread_name"}, {"ph", "M"}, {"pid", r}, {"tid", tid},
+                {"args", {{"name", label}}}}.dump();
+      first = false;
+    }
+    f << ",\n" << json{{"name", "process_name"}, {"ph", "M"}, {"pid", r},
+                       {"args", {{"name", fmt::format("rank {}", r)}}}}.dump();
+    if (!all[r].empty()) f << ",\n" << all[r];
+  }
+  f << "\n]}\n";
+  spdlog::info("trace written: {} (open in https://ui.perfetto.dev)", o_.trace);
 }
 
 double Run::evaluate() {
@@ -406,7 +481,7 @@ void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseT
     json per_rank = json::array();
     for (const PhaseTimes& t : ranks) {
       json r;
-      for (int p = 0; p < kNumPhases; ++p) r[std::string(phase_name(Phase(p))) + "_ms"] = t[p];
+      for (int p = 0; p <= kCommTotal; ++p) r[std::string(time_slot_name(p)) + "_ms"] = t[p];
       per_rank.push_back(r);
     }
     j["ranks"] = per_rank;
@@ -431,12 +506,14 @@ void Run::report_timing(const std::vector<std::vector<PhaseTimes>>& rank_times, 
   spdlog::info("per-rank step timings, ms, mean ± std over {} steps (first {} left out, "
                "--timing-warmup):",
                n - skip, skip);
+  // Total collective time is measured on GPUs (CUDA events on the comm stream) only.
+  const int slots = grad_comm_ != &world_ ? kCommTotal + 1 : kNumPhases;
   std::string head = fmt::format("{:>6}", "rank");
-  for (int p = 0; p < kNumPhases; ++p) head += fmt::format(" {:>17}", phase_name(Phase(p)));
+  for (int p = 0; p < slots; ++p) head += fmt::format(" {:>17}", time_slot_name(p));
   spdlog::info("{}", head);
   for (int r = 0; r < nranks_; ++r) {
     std::string row = fmt::format("{:>6}", r);
-    for (int p = 0; p < kNumPhases; ++p) {
+    for (int p = 0; p < slots; ++p) {
       std::vector<double> xs;
       for (int64_t s = skip; s < n; ++s) xs.push_back(rank_times[s][r][p]);
       const MeanStd ms = mean_std(xs);
@@ -464,6 +541,10 @@ TrainResult Run::execute(bool keep_params) {
         spdlog::error("--debug-die-at-step {}: rank {} exits abruptly (failure test)", s, rank_);
         std::fflush(nullptr);
         std::_Exit(17);
+      }
+      if (s == o_.debug_stall_at_step && rank_ == o_.debug_stall_rank) {
+        spdlog::error("--debug-stall-at-step {}: rank {} stops answering (failure test)", s, rank_);
+        std::this_thread::sleep_for(std::chrono::hours(1));
       }
       PhaseTimes times;
       double norm = 0;
@@ -495,6 +576,7 @@ TrainResult Run::execute(bool keep_params) {
     }
     report_timing(result.rank_times, o_.timing_warmup);
   }
+  write_trace();
   if (keep_params) {
     result.params.resize(flat_);
     std::vector<float> master = gather_state(opt_->master());
@@ -521,7 +603,7 @@ void Run::benchmark(TrainResult& result) {
     if (step) optimizer_step(s % o_.steps, norm);
     timer_->end(Phase::kStep);
     replica_->take_loss();
-    PhaseTimes t = timer_->collect();
+    PhaseTimes t = collect_times(s);
     if (s >= warm) mine.push_back(t);
   }
   const int64_t mem = memory_in_use(device_);
@@ -563,7 +645,13 @@ void Run::benchmark(TrainResult& result) {
                n, nranks_);
   spdlog::info("  forward   {:8.3f} ± {:.3f} ms", fw.mean, fw.std);
   if (backward) spdlog::info("  backward  {:8.3f} ± {:.3f} ms", bw.mean, bw.std);
-  if (backward && nranks_ > 1) spdlog::info("  comm      {:8.3f} ± {:.3f} ms (exposed)", cm.mean, cm.std);
+  if (backward && nranks_ > 1) {
+    std::vector<double> total;
+    for (const auto& ranks : all) total.push_back(ranks[0][kCommTotal]);
+    const MeanStd tc = mean_std(total);
+    spdlog::info("  comm      {:8.3f} ± {:.3f} ms exposed (rank 0's collectives ran {:.3f} ms in all)",
+                 cm.mean, cm.std, tc.mean);
+  }
   if (step) spdlog::info("  optimizer {:8.3f} ± {:.3f} ms", op.mean, op.std);
   spdlog::info("  step      {:8.3f} ± {:.3f} ms (median {:.3f}) | {:.0f} tok/s{} | peak memory {:.2f} GiB",
                st.mean, st.std, med, tok_s,

@@ -1,0 +1,340 @@
+#include "comm/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "comm/cuda/convert.h"
+#include "core/cuda_check.h"
+#include "core/log.h"
+
+namespace trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+#define NCCL_CHECK(call, what)                                                           \
+  do {                                                                                   \
+    ncclResult_t r_ = (call);                                                            \
+    if (r_ != ncclSuccess)                                                               \
+      runtime_error("rank {}: NCCL {} failed: {} ({})", log_rank(), what,                \
+                    ncclGetErrorString(r_), ncclGetLastError(nullptr));                  \
+  } while (0)
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kF32: return ncclFloat32;
+    case DType::kBF16: return ncclBfloat16;
+    case DType::kF64: return ncclFloat64;
+  }
+  return ncclFloat32;
+}
+
+std::string describe(const char* op, const BufferView& b) {
+  return fmt::format("{} of {:.2f} MiB ({})", op, b.bytes() / 1048576.0, dtype_name(b.dtype));
+}
+
+}  // namespace
+
+struct NcclCommunicator::Impl {
+  NcclOptions opt;
+  int rank = 0, world = 1;
+  ncclComm_t comm = nullptr;
+  cudaStream_t compute = nullptr, stream = nullptr;
+  cudaEvent_t origin = nullptr;
+  void* staging = nullptr;  // bf16 scratch for --grad-reduce bf16
+
+  // Events come from a pool that grows only during the first step; a record holds the pair of
+  // events of one collective on the comm stream.
+  std::vector<cudaEvent_t> pool;
+  size_t used = 0;
+  struct Pending {
+    std::string name;
+    size_t start, stop;
+  };
+  std::vector<Pending> records;
+
+  // Watchdog: collectives in flight, in launch order (the comm stream is FIFO).
+  struct InFlight {
+    cudaEvent_t done;
+    Clock::time_point launched;
+    std::string name;
+  };
+  std::mutex mu;
+  std::deque<InFlight> in_flight;
+  std::atomic<bool> stop{false};
+  std::thread watchdog;
+
+  cudaEvent_t event(size_t i) { return pool[i]; }
+  size_t next_event() {
+    if (used == pool.size()) {
+      cudaEvent_t e;
+      CUDA_CHECK(cudaEventCreate(&e));
+      pool.push_back(e);
+    }
+    return used++;
+  }
+
+  // Orders the comm stream after everything queued on the compute stream so far.
+  size_t begin(const std::string& name) {
+    const size_t ready = next_event();
+    CUDA_CHECK(cudaEventRecord(event(ready), compute));
+    CUDA_CHECK(cudaStreamWaitEvent(stream, event(ready), 0));
+    const size_t start = next_event();
+    CUDA_CHECK(cudaEventRecord(event(start), stream));
+    records.push_back({name, start, 0});
+    return start;
+  }
+  CommHandle end();
+
+  void watch() {
+    CUDA_CHECK(cudaSetDevice(opt.device));
+    while (!stop.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      ncclResult_t async = ncclSuccess;
+      if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess &&
+          async != ncclInProgress)
+        fail(fmt::format("asynchronous NCCL error: {}", ncclGetErrorString(async)));
+      std::lock_guard<std::mutex> lock(mu);
+      while (!in_flight.empty()) {
+        const cudaError_t q = cudaEventQuery(in_flight.front().done);
+        if (q == cudaSuccess) {
+          in_flight.pop_front();
+          continue;
+        }
+        if (q != cudaErrorNotReady) fail(fmt::format("CUDA error {}", cudaGetErrorString(q)));
+        const double waited =
+            std::chrono::duration<double>(Clock::now() - in_flight.front().launched).count();
+        if (waited > opt.timeout_s)
+          fail(fmt::format("{} has not completed after {:.0f} s (--comm-timeout {}): a peer rank "
+                           "is dead, stuck or out of step",
+                           in_flight.front().name, waited, opt.timeout_s));
+        break;
+      }
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& why) {
+    spdlog::critical("rank {}/{}: {}; aborting every rank", rank, world, why);
+    spdlog::default_logger()->flush();
+    ncclCommAbort(comm);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    std::_Exit(3);
+  }
+};
+
+class NcclRequest : public CommRequest {
+ public:
+  NcclRequest(cudaStream_t compute, cudaEvent_t done) : compute_(compute), done_(done) {}
+  // The compute stream waits for the collective; the host does not.
+  void wait() override {
+    if (waited_) return;
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+    waited_ = true;
+  }
+  bool test() override { return cudaEventQuery(done_) == cudaSuccess; }
+
+ private:
+  cudaStream_t compute_;
+  cudaEvent_t done_;
+  bool waited_ = false;
+};
+
+CommHandle NcclCommunicator::Impl::end() {
+  const size_t stop_ev = next_event();
+  CUDA_CHECK(cudaEventRecord(event(stop_ev), stream));
+  records.back().stop = stop_ev;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    in_flight.push_back({event(stop_ev), Clock::now(), records.back().name});
+  }
+  return std::make_unique<NcclRequest>(compute, event(stop_ev));
+}
+
+NcclCommunicator::NcclCommunicator(const MpiCommunicator& boot, const NcclOptions& o)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.opt = o;
+  m.rank = boot.rank();
+  m.world = boot.world();
+  m.compute = static_cast<cudaStream_t>(o.compute_stream);
+  CUDA_CHECK(cudaSetDevice(o.device));
+  ncclUniqueId id;
+  if (m.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, boot.comm());
+  NCCL_CHECK(ncclCommInitRank(&m.comm, m.world, id, m.rank), "ncclCommInitRank");
+  // High priority: bucket collectives get scheduled between backward's kernels.
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&m.stream, cudaStreamNonBlocking, greatest));
+  if (o.reduce_in_bf16 && o.staging_elems > 0)
+    CUDA_CHECK(cudaMalloc(&m.staging, o.staging_elems * 2));
+  m.watchdog = std::thread([&m] { m.watch(); });
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  Impl& m = *impl_;
+  m.stop = true;
+  if (m.watchdog.joinable()) m.watchdog.join();
+  cudaStreamSynchronize(m.stream);
+  for (cudaEvent_t e : m.pool) cudaEventDestroy(e);
+  if (m.staging) cudaFree(m.staging);
+  ncclCommDestroy(m.comm);
+  cudaStreamDestroy(m.stream);
+}
+
+int NcclCommunicator::rank() const { return impl_->rank; }
+int NcclCommunicator::world() const { return impl_->world; }
+
+CommHandle NcclCommunicator::all_reduce_sum(BufferView buf) {
+  Impl& m = *impl_;
+  TRAINER_CHECK(buf.device == DeviceKind::kCuda, "NCCL all_reduce needs a device buffer");
+  const bool via_bf16 = m.opt.reduce_in_bf16 && buf.dtype == DType::kF32;
+  m.begin(describe("all_reduce", buf) + (via_bf16 ? " as bf16" : ""));
+  if (via_bf16) {
+    TRAINER_CHECK(buf.count <= m.opt.staging_elems, "bf16 staging of {} < {}", m.opt.staging_elems,
+                  buf.count);
+    cuda::f32_to_bf16(buf.as<float>(), m.staging, buf.count, m.stream);
+    NCCL_CHECK(ncclAllReduce(m.staging, m.staging, buf.count, ncclBfloat16, ncclSum, m.comm,
+                             m.stream),
+               "all_reduce");
+    cuda::bf16_to_f32(m.staging, buf.as<float>(), buf.count, m.stream);
+  } else {
+    NCCL_CHECK(ncclAllReduce(buf.data, buf.data, buf.count, nccl_type(buf.dtype), ncclSum, m.comm,
+                             m.stream),
+               "all_reduce");
+  }
+  return m.end();
+}
+
+CommHandle NcclCommunicator::reduce_scatter_sum(BufferView buf, const std::vector<int64_t>& counts) {
+  Impl& m = *impl_;
+  TRAINER_CHECK(buf.device == DeviceKind::kCuda, "NCCL reduce_scatter needs a device buffer");
+  TRAINER_CHECK(static_cast<int>(counts.size()) == m.world, "{} counts for world {}", counts.size(),
+                m.world);
+  const bool via_bf16 = m.opt.reduce_in_bf16 && buf.dtype == DType::kF32;
+  m.begin(describe("reduce_scatter", buf) + (via_bf16 ? " as bf16" : ""));
+  void* data = buf.data;
+  ncclDataType_t type = nccl_type(buf.dtype);
+  const size_t esize = via_bf16 ? 2 : dtype_size(buf.dtype);
+  if (via_bf16) {
+    TRAINER_CHECK(buf.count <= m.opt.staging_elems, "bf16 staging of {} < {}", m.opt.staging_elems,
+                  buf.count);
+    cuda::f32_to_bf16(buf.as<float>(), m.staging, buf.count, m.stream);
+    data = m.staging;
+    type = ncclBfloat16;
+  }
+  bool equal = true;
+  for (int64_t c : counts) equal = equal && c == counts[0];
+  int64_t mine = 0, offset = 0;
+  if (equal) {
+    // In place: rank r's result lands at its own offset, r * count.
+    char* base = static_cast<char*>(data);
+    NCCL_CHECK(ncclReduceScatter(base, base + m.rank * counts[0] * esize, counts[0], type, ncclSum,
+                                 m.comm, m.stream),
+               "reduce_scatter");
+    mine = counts[0];
+    offset = m.rank * counts[0];
+  } else {
+    // Uneven parts (a bucket that straddles shard boundaries): one reduce to each owner.
+    NCCL_CHECK(ncclGroupStart(), "group start");
+    int64_t at = 0;
+    for (int r = 0; r < m.world; ++r) {
+      if (counts[r] > 0) {
+        char* p = static_cast<char*>(data) + at * esize;
+        NCCL_CHECK(ncclReduce(p, p, counts[r], type, ncclSum, r, m.comm, m.stream), "reduce");
+      }
+      if (r == m.rank) offset = at, mine = counts[r];
+      at += counts[r];
+    }
+    NCCL_CHECK(ncclGroupEnd(), "group end");
+  }
+  if (via_bf16)
+    cuda::bf16_to_f32(static_cast<char*>(m.staging) + offset * 2, buf.as<float>() + offset, mine,
+                      m.stream);
+  return m.end();
+}
+
+CommHandle NcclCommunicator::all_gather(BufferView buf, const std::vector<int64_t>& counts) {
+  Impl& m = *impl_;
+  TRAINER_CHECK(buf.device == DeviceKind::kCuda, "NCCL all_gather needs a device buffer");
+  m.begin(describe("all_gather", buf));
+  const size_t esize = dtype_size(buf.dtype);
+  bool equal = true;
+  for (int64_t c : counts) equal = equal && c == counts[0];
+  char* base = static_cast<char*>(buf.data);
+  if (equal) {
+    NCCL_CHECK(ncclAllGather(base + m.rank * counts[0] * esize, base, counts[0],
+                             nccl_type(buf.dtype), m.comm, m.stream),
+               "all_gather");
+  } else {
+    NCCL_CHECK(ncclGroupStart(), "group start");
+    int64_t at = 0;
+    for (int r = 0; r < m.world; ++r) {
+      if (counts[r] > 0)
+        NCCL_CHECK(ncclBroadcast(base + at * esize, base + at * esize, counts[r],
+                                 nccl_type(buf.dtype), r, m.comm, m.stream),
+                   "broadcast");
+      at += counts[r];
+    }
+    NCCL_CHECK(ncclGroupEnd(), "group end");
+  }
+  return m.end();
+}
+
+CommHandle NcclCommunicator::broadcast(BufferView buf, int root) {
+  Impl& m = *impl_;
+  m.begin(describe("broadcast", buf));
+  NCCL_CHECK(ncclBroadcast(buf.data, buf.data, buf.count, nccl_type(buf.dtype), root, m.comm,
+                           m.stream),
+             "broadcast");
+  return m.end();
+}
+
+void NcclCommunicator::barrier() {
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+void NcclCommunicator::set_origin(void* e) { impl_->origin = static_cast<cudaEvent_t>(e); }
+
+std::vector<CollectiveRecord> NcclCommunicator::take_records() {
+  Impl& m = *impl_;
+  std::vector<CollectiveRecord> out;
+  if (!m.records.empty()) CUDA_CHECK(cudaEventSynchronize(m.event(m.records.back().stop)));
+  for (const auto& r : m.records) {
+    CollectiveRecord c;
+    c.name = r.name;
+    float a = 0, b = 0;
+    if (m.origin) {
+      CUDA_CHECK(cudaEventElapsedTime(&a, m.origin, m.event(r.start)));
+      CUDA_CHECK(cudaEventElapsedTime(&b, m.origin, m.event(r.stop)));
+    } else {
+      CUDA_CHECK(cudaEventElapsedTime(&b, m.event(r.start), m.event(r.stop)));
+    }
+    c.start_ms = a;
+    c.end_ms = b;
+    out.push_back(std::move(c));
+  }
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.in_flight.clear();  // all finished (synchronised above)
+  }
+  m.records.clear();
+  m.used = 0;
+  return out;
+}
+
+std::unique_ptr<NcclCommunicator> make_nccl_communicator(const MpiCommunicator& boot,
+                                                         const NcclOptions& o) {
+  return std::make_unique<NcclCommunicator>(boot, o);
+}
+
+}  // namespace trainer
