@@ -19,11 +19,16 @@ SyncStrategy parse_sync_strategy(const std::string& s) {
 
 const char* sync_strategy_name(SyncStrategy s) {
   switch (s) {
-    case SyncStrategy::kNone: return "none";
-    case SyncStrategy::kNaive: return "naive";
-    case SyncStrategy::kFlat: return "flat";
-    case SyncStrategy::kOverlap: return "overlap";
-    case SyncStrategy::kBucketed: return "bucketed";
+    case SyncStrategy::kNone:
+      return "none";
+    case SyncStrategy::kNaive:
+      return "naive";
+    case SyncStrategy::kFlat:
+      return "flat";
+    case SyncStrategy::kOverlap:
+      return "overlap";
+    case SyncStrategy::kBucketed:
+      return "bucketed";
   }
   return "?";
 }
@@ -56,8 +61,8 @@ GradUnit make_unit(const TensorRanges& t, int64_t flat_elems, int first, int las
 
 }  // namespace
 
-std::vector<GradUnit> plan_buckets(const TensorRanges& tensors, int64_t flat_elems, double bucket_bytes,
-                                   int64_t elem_bytes) {
+std::vector<GradUnit> plan_buckets(const TensorRanges& tensors, int64_t flat_elems,
+                                   double bucket_bytes, int64_t elem_bytes) {
   const int n = static_cast<int>(tensors.size());
   std::vector<GradUnit> units;
   if (bucket_bytes <= 0) {
@@ -84,13 +89,18 @@ std::vector<GradUnit> plan_units(SyncStrategy s, const TensorRanges& tensors, in
   const int n = static_cast<int>(tensors.size());
   std::vector<GradUnit> units;
   switch (s) {
-    case SyncStrategy::kNone: break;
-    case SyncStrategy::kFlat: units.push_back(make_unit(tensors, flat_elems, 0, n - 1, elem_bytes)); break;
+    case SyncStrategy::kNone:
+      break;
+    case SyncStrategy::kFlat:
+      units.push_back(make_unit(tensors, flat_elems, 0, n - 1, elem_bytes));
+      break;
     case SyncStrategy::kNaive:
     case SyncStrategy::kOverlap:
       for (int i = 0; i < n; ++i) units.push_back(make_unit(tensors, flat_elems, i, i, elem_bytes));
       break;
-    case SyncStrategy::kBucketed: units = plan_buckets(tensors, flat_elems, bucket_bytes, elem_bytes); break;
+    case SyncStrategy::kBucketed:
+      units = plan_buckets(tensors, flat_elems, bucket_bytes, elem_bytes);
+      break;
   }
   return units;
 }
@@ -116,9 +126,10 @@ GradSync::GradSync(Communicator& comm, const TensorRanges& tensors, BufferView g
                    SyncStrategy strategy, double bucket_bytes, const ShardPlan* shards)
     : comm_(comm), grads_(grads), strategy_(strategy), shards_(shards) {
   if (strategy == SyncStrategy::kNone && comm.world() > 1)
-    usage_error("--ddp none needs a single rank (world is {}); pick naive, flat, overlap or "
-                "bucketed",
-                comm.world());
+    usage_error(
+        "--ddp none needs a single rank (world is {}); pick naive, flat, overlap or "
+        "bucketed",
+        comm.world());
   units_ = plan_units(strategy, tensors, grads.count, bucket_bytes,
                       static_cast<int64_t>(dtype_size(grads.dtype)));
   unit_of_last_tensor_.assign(tensors.size(), -1);

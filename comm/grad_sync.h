@@ -53,8 +53,8 @@ struct GradUnit {
 // Greedy buckets in backward order: a bucket takes tensors while their gradient bytes stay within
 // `bucket_bytes`; a tensor larger than that gets a bucket of its own. bucket_bytes <= 0 means one
 // unbounded bucket. Units cover [0, flat_elems) without gaps (padding belongs to the unit before).
-std::vector<GradUnit> plan_buckets(const TensorRanges& tensors, int64_t flat_elems, double bucket_bytes,
-                                   int64_t elem_bytes = 4);
+std::vector<GradUnit> plan_buckets(const TensorRanges& tensors, int64_t flat_elems,
+                                   double bucket_bytes, int64_t elem_bytes = 4);
 // The units of a strategy (bucket_bytes only matters for kBucketed).
 std::vector<GradUnit> plan_units(SyncStrategy s, const TensorRanges& tensors, int64_t flat_elems,
                                  double bucket_bytes, int64_t elem_bytes = 4);

@@ -26,9 +26,12 @@ void mpi_check(int rc, const char* call) {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::kF32: return MPI_FLOAT;
-    case DType::kF64: return MPI_DOUBLE;
-    case DType::kBF16: break;
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kF64:
+      return MPI_DOUBLE;
+    case DType::kBF16:
+      break;
   }
   runtime_error("MPI collectives on {} buffers are not supported", dtype_name(t));
 }
@@ -62,8 +65,8 @@ class MpiRequest : public CommRequest {
   bool test() override {
     if (done_) return true;
     int flag = 0;
-    MPI_CHECK(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag,
-                          MPI_STATUSES_IGNORE));
+    MPI_CHECK(
+        MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE));
     if (flag) finish();
     return done_;
   }
@@ -200,7 +203,8 @@ std::vector<std::vector<double>> MpiCommunicator::gather_to_root(
   MPI_CHECK(MPI_Gather(mine.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, 0, comm_));
   std::vector<std::vector<double>> rows;
   if (rank_ == 0)
-    for (int r = 0; r < world_; ++r) rows.emplace_back(all.begin() + r * n, all.begin() + (r + 1) * n);
+    for (int r = 0; r < world_; ++r)
+      rows.emplace_back(all.begin() + r * n, all.begin() + (r + 1) * n);
   return rows;
 }
 
@@ -223,7 +227,8 @@ std::vector<std::string> MpiCommunicator::gather_strings_to_root(const std::stri
   std::vector<int> sizes(world_), displs(world_);
   MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_));
   int64_t total = 0;
-  for (int r = 0; r < world_; ++r) displs[r] = as_int_count(total, "gather_strings"), total += sizes[r];
+  for (int r = 0; r < world_; ++r)
+    displs[r] = as_int_count(total, "gather_strings"), total += sizes[r];
   std::string all(rank_ == 0 ? total : 0, '\0');
   MPI_CHECK(MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), displs.data(), MPI_CHAR,
                         0, comm_));

@@ -20,19 +20,22 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-#define NCCL_CHECK(call, what)                                                           \
-  do {                                                                                   \
-    ncclResult_t r_ = (call);                                                            \
-    if (r_ != ncclSuccess)                                                               \
-      runtime_error("rank {}: NCCL {} failed: {} ({})", log_rank(), what,                \
-                    ncclGetErrorString(r_), ncclGetLastError(nullptr));                  \
+#define NCCL_CHECK(call, what)                                                                    \
+  do {                                                                                            \
+    ncclResult_t r_ = (call);                                                                     \
+    if (r_ != ncclSuccess)                                                                        \
+      runtime_error("rank {}: NCCL {} failed: {} ({})", log_rank(), what, ncclGetErrorString(r_), \
+                    ncclGetLastError(nullptr));                                                   \
   } while (0)
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kF64: return ncclFloat64;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF64:
+      return ncclFloat64;
   }
   return ncclFloat32;
 }
@@ -113,9 +116,10 @@ struct NcclCommunicator::Impl {
         const double waited =
             std::chrono::duration<double>(Clock::now() - in_flight.front().launched).count();
         if (waited > opt.timeout_s)
-          fail(fmt::format("{} has not completed after {:.0f} s (--comm-timeout {}): a peer rank "
-                           "is dead, stuck or out of step",
-                           in_flight.front().name, waited, opt.timeout_s));
+          fail(
+              fmt::format("{} has not completed after {:.0f} s (--comm-timeout {}): a peer rank "
+                          "is dead, stuck or out of step",
+                          in_flight.front().name, waited, opt.timeout_s));
         break;
       }
     }
@@ -202,9 +206,9 @@ CommHandle NcclCommunicator::all_reduce_sum(BufferView buf) {
     TRAINER_CHECK(buf.count <= m.opt.staging_elems, "bf16 staging of {} < {}", m.opt.staging_elems,
                   buf.count);
     cuda::f32_to_bf16(buf.as<float>(), m.staging, buf.count, m.stream);
-    NCCL_CHECK(ncclAllReduce(m.staging, m.staging, buf.count, ncclBfloat16, ncclSum, m.comm,
-                             m.stream),
-               "all_reduce");
+    NCCL_CHECK(
+        ncclAllReduce(m.staging, m.staging, buf.count, ncclBfloat16, ncclSum, m.comm, m.stream),
+        "all_reduce");
     cuda::bf16_to_f32(m.staging, buf.as<float>(), buf.count, m.stream);
   } else {
     NCCL_CHECK(ncclAllReduce(buf.data, buf.data, buf.count, nccl_type(buf.dtype), ncclSum, m.comm,
@@ -214,7 +218,8 @@ CommHandle NcclCommunicator::all_reduce_sum(BufferView buf) {
   return m.end();
 }
 
-CommHandle NcclCommunicator::reduce_scatter_sum(BufferView buf, const std::vector<int64_t>& counts) {
+CommHandle NcclCommunicator::reduce_scatter_sum(BufferView buf,
+                                                const std::vector<int64_t>& counts) {
   Impl& m = *impl_;
   TRAINER_CHECK(buf.device == DeviceKind::kCuda, "NCCL reduce_scatter needs a device buffer");
   TRAINER_CHECK(static_cast<int>(counts.size()) == m.world, "{} counts for world {}", counts.size(),
@@ -292,9 +297,9 @@ CommHandle NcclCommunicator::all_gather(BufferView buf, const std::vector<int64_
 CommHandle NcclCommunicator::broadcast(BufferView buf, int root) {
   Impl& m = *impl_;
   m.begin(describe("broadcast", buf));
-  NCCL_CHECK(ncclBroadcast(buf.data, buf.data, buf.count, nccl_type(buf.dtype), root, m.comm,
-                           m.stream),
-             "broadcast");
+  NCCL_CHECK(
+      ncclBroadcast(buf.data, buf.data, buf.count, nccl_type(buf.dtype), root, m.comm, m.stream),
+      "broadcast");
   return m.end();
 }
 

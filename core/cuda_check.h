@@ -12,9 +12,9 @@ namespace trainer {
 void cuda_check_launch(const char* kernel, const char* file, int line);
 }  // namespace trainer
 
-#define CUDA_CHECK(call)                                                         \
-  do {                                                                           \
-    cudaError_t err_ = (call);                                                   \
+#define CUDA_CHECK(call)                                                            \
+  do {                                                                              \
+    cudaError_t err_ = (call);                                                      \
     if (err_ != cudaSuccess) ::trainer::cuda_fail(err_, #call, __FILE__, __LINE__); \
   } while (0)
 

@@ -31,6 +31,7 @@ DeviceBuffer::DeviceBuffer(DeviceKind device, DType dtype, int64_t count) {
 #ifdef TRAINER_WITH_CUDA
     CUDA_CHECK(cudaMalloc(&view_.data, bytes));
     CUDA_CHECK(cudaMemset(view_.data, 0, bytes));
+    CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any stream uses it
 #else
     runtime_error("this binary was built without the CUDA backend");
 #endif
@@ -62,7 +63,11 @@ void copy(BufferView dst, BufferView src) {
     return;
   }
 #ifdef TRAINER_WITH_CUDA
+  // Copies happen outside the steps (set-up, checkpoints); the replica's streams do not wait for
+  // the legacy default stream, so order against all device work explicitly.
+  CUDA_CHECK(cudaDeviceSynchronize());
   CUDA_CHECK(cudaMemcpy(dst.data, src.data, src.bytes(), cudaMemcpyDefault));
+  CUDA_CHECK(cudaDeviceSynchronize());
 #else
   runtime_error("copy to or from a CUDA buffer in a build without CUDA");
 #endif
@@ -75,7 +80,9 @@ void zero(BufferView dst) {
     return;
   }
 #ifdef TRAINER_WITH_CUDA
+  CUDA_CHECK(cudaDeviceSynchronize());
   CUDA_CHECK(cudaMemset(dst.data, 0, dst.bytes()));
+  CUDA_CHECK(cudaDeviceSynchronize());
 #endif
 }
 

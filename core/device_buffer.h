@@ -30,7 +30,8 @@ class DeviceBuffer {
   BufferView view_;
 };
 
-// Copies between views of equal size and dtype on any devices (synchronous).
+// Copies between views of equal size and dtype on any devices. Synchronous, and ordered after
+// all work queued on the device: for set-up and checkpoints, not for the hot path.
 void copy(BufferView dst, BufferView src);
 // Sets every element to zero.
 void zero(BufferView dst);

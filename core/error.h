@@ -41,9 +41,9 @@ template <typename... Args>
 }  // namespace trainer
 
 // Invariant check that stays on in release builds; the message names the values involved.
-#define TRAINER_CHECK(cond, ...)                                                                \
-  do {                                                                                          \
-    if (!(cond))                                                                                \
-      ::trainer::runtime_error("{}:{}: check `{}` failed: {}", __FILE__, __LINE__, #cond,      \
-                               ::fmt::format(__VA_ARGS__));                                     \
+#define TRAINER_CHECK(cond, ...)                                                          \
+  do {                                                                                    \
+    if (!(cond))                                                                          \
+      ::trainer::runtime_error("{}:{}: check `{}` failed: {}", __FILE__, __LINE__, #cond, \
+                               ::fmt::format(__VA_ARGS__));                               \
   } while (0)

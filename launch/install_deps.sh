@@ -3,7 +3,7 @@
 # The CUDA toolkit is not installed here: the CUDA backend is built when one is found.
 set -euo pipefail
 pkgs=(build-essential cmake libopenmpi-dev openmpi-bin libspdlog-dev libfmt-dev catch2
-      libcli11-dev nlohmann-json3-dev fortunes python3)
+      libcli11-dev nlohmann-json3-dev fortunes python3 python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -14,4 +14,11 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   [[ $(id -u) -ne 0 ]] && sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# NumPy and safetensors for the cross-check against an independent NumPy model (optional: the
+# test reports "skipped" without them).
+if ! python3 -c "import numpy, safetensors" 2>/dev/null; then
+  python3 -m pip install --quiet numpy safetensors 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages numpy safetensors 2>/dev/null ||
+    echo "note: could not pip-install numpy and safetensors; the NumPy cross-check will be skipped"
 fi

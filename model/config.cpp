@@ -42,7 +42,8 @@ ModelConfig preset(const std::string& name) {
 
 void validate(const ModelConfig& c) {
   if (c.vocab <= 0) usage_error("--vocab must be positive (got {})", c.vocab);
-  if (c.vocab > 65536) usage_error("--vocab {} exceeds 65536: token files hold uint16 ids", c.vocab);
+  if (c.vocab > 65536)
+    usage_error("--vocab {} exceeds 65536: token files hold uint16 ids", c.vocab);
   if (c.d_model <= 0) usage_error("--d-model must be positive (got {})", c.d_model);
   if (c.d_ff <= 0) usage_error("--d-ff must be positive (got {})", c.d_ff);
   if (c.n_layers <= 0) usage_error("--layers must be positive (got {})", c.n_layers);
@@ -51,8 +52,8 @@ void validate(const ModelConfig& c) {
   if (c.d_model % c.n_heads != 0)
     usage_error("--heads {} does not divide --d-model {}", c.n_heads, c.d_model);
   if (c.head_dim() % 2 != 0)
-    usage_error("head dimension {} (d_model {} / heads {}) is odd; RoPE rotates pairs", c.head_dim(),
-                c.d_model, c.n_heads);
+    usage_error("head dimension {} (d_model {} / heads {}) is odd; RoPE rotates pairs",
+                c.head_dim(), c.d_model, c.n_heads);
 }
 
 int64_t matmul_param_count(const ModelConfig& c) {
@@ -62,7 +63,7 @@ int64_t matmul_param_count(const ModelConfig& c) {
 
 int64_t param_count(const ModelConfig& c) {
   return matmul_param_count(c) + c.vocab * c.d_model  // token embeddings
-         + c.n_layers * 2 * c.d_model + c.d_model;     // RMSNorm gains
+         + c.n_layers * 2 * c.d_model + c.d_model;    // RMSNorm gains
 }
 
 double flops_per_token(const ModelConfig& c, int64_t ctx) {

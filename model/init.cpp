@@ -55,7 +55,8 @@ void init_params(const ParamLayout& L, uint64_t seed, float* flat) {
     }
     TRAINER_CHECK(p.shape.size() == 2, "tensor {} has {} dims", p.name, p.shape.size());
     const bool embedding = p.name == "token_embeddings.weight";
-    const double std = embedding ? 1.0 : std::sqrt(2.0 / static_cast<double>(p.shape[0] + p.shape[1]));
+    const double std =
+        embedding ? 1.0 : std::sqrt(2.0 / static_cast<double>(p.shape[0] + p.shape[1]));
 #pragma omp parallel for schedule(static)
     for (int64_t e = 0; e < p.numel; ++e)
       dst[e] = static_cast<float>(std * truncated_normal(seed, t, static_cast<uint64_t>(e)));

@@ -10,9 +10,9 @@ std::vector<std::string> layer_tensor_names_backward_order(int layer) {
   const std::string p = "layers." + std::to_string(layer) + ".";
   // Backward of a block runs the FFN first (w2, then w1 and w3 from the same hidden gradient, then
   // the ln2 gain), then attention (output_proj, then v, k, q, then the ln1 gain).
-  return {p + "ffn.w2.weight",          p + "ffn.w3.weight",       p + "ffn.w1.weight",
-          p + "ln2.weight",             p + "attn.output_proj.weight", p + "attn.v_proj.weight",
-          p + "attn.k_proj.weight",     p + "attn.q_proj.weight",  p + "ln1.weight"};
+  return {p + "ffn.w2.weight",      p + "ffn.w3.weight",           p + "ffn.w1.weight",
+          p + "ln2.weight",         p + "attn.output_proj.weight", p + "attn.v_proj.weight",
+          p + "attn.k_proj.weight", p + "attn.q_proj.weight",      p + "ln1.weight"};
 }
 
 ParamLayout::ParamLayout(const ModelConfig& c) {

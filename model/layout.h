@@ -22,7 +22,7 @@ struct ParamTensor {
   std::vector<int64_t> shape;  // e.g. {d_ff, d_model}
   int64_t offset = 0;          // first element in the flat buffer
   int64_t numel = 0;
-  int layer = -1;              // transformer block index, -1 for embedding / final norm / head
+  int layer = -1;  // transformer block index, -1 for embedding / final norm / head
   Range range() const { return {offset, offset + numel}; }
 };
 

@@ -5,8 +5,9 @@
 namespace trainer {
 
 std::unique_ptr<Replica> make_cuda_replica(const ModelConfig&, const ReplicaOptions&) {
-  usage_error("--device cuda: this binary was built without the CUDA backend (rebuild with a CUDA "
-              "toolkit and -DTRAINER_CUDA=ON)");
+  usage_error(
+      "--device cuda: this binary was built without the CUDA backend (rebuild with a CUDA "
+      "toolkit and -DTRAINER_CUDA=ON)");
 }
 
 }  // namespace trainer

@@ -22,8 +22,8 @@ using GradReadyFn = std::function<void(int index)>;
 enum class Precision { kFp32, kTf32, kBf16 };
 
 struct ReplicaOptions {
-  int64_t max_batch = 1;       // sequences per micro-batch the buffers are sized for
-  int64_t flat_elems = 0;      // size of the flat buffers (>= layout.total(); padding for shards)
+  int64_t max_batch = 1;   // sequences per micro-batch the buffers are sized for
+  int64_t flat_elems = 0;  // size of the flat buffers (>= layout.total(); padding for shards)
   Precision precision = Precision::kFp32;
   std::string attention = "flash";  // CUDA: "flash" or "simple"
   int device_index = 0;             // CUDA device ordinal

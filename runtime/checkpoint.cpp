@@ -31,7 +31,7 @@ void read_tensors(const SafetensorsReader& r, const ParamLayout& L, const std::s
 }  // namespace
 
 nlohmann::json config_to_json(const ModelConfig& c) {
-  return {{"vocab", c.vocab},     {"d_model", c.d_model}, {"d_ff", c.d_ff},
+  return {{"vocab", c.vocab},       {"d_model", c.d_model}, {"d_ff", c.d_ff},
           {"n_layers", c.n_layers}, {"n_heads", c.n_heads}, {"ctx", c.ctx}};
 }
 
@@ -91,9 +91,10 @@ CheckpointMeta load_checkpoint(const std::string& dir, const ParamLayout& L,
                                const ModelConfig& expected, float* params, float* exp_avg,
                                float* exp_avg_sq) {
   if (!fs::is_directory(dir))
-    usage_error("--resume {}: not a checkpoint directory (expected DIR/step_N with "
-                "model.safetensors and optimizer.safetensors)",
-                dir);
+    usage_error(
+        "--resume {}: not a checkpoint directory (expected DIR/step_N with "
+        "model.safetensors and optimizer.safetensors)",
+        dir);
   const std::string opt_path = (fs::path(dir) / "optimizer.safetensors").string();
   const std::string model_path = (fs::path(dir) / "model.safetensors").string();
   for (const auto& p : {model_path, opt_path})
@@ -103,7 +104,8 @@ CheckpointMeta load_checkpoint(const std::string& dir, const ParamLayout& L,
   const auto& md = opt.metadata();
   auto field = [&](const char* key) -> const std::string& {
     auto it = md.find(key);
-    if (it == md.end()) usage_error("{}: metadata has no '{}' (not a trainer checkpoint?)", opt_path, key);
+    if (it == md.end())
+      usage_error("{}: metadata has no '{}' (not a trainer checkpoint?)", opt_path, key);
     return it->second;
   };
   if (field("format") != kFormat)

@@ -8,10 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "model/layout.h"
 
@@ -25,9 +24,9 @@ void save_model(const std::string& path, const ParamLayout& L, const float* flat
 void load_model(const std::string& path, const ParamLayout& L, float* flat);
 
 struct CheckpointMeta {
-  int64_t step = 0;        // optimizer steps completed
-  nlohmann::json config;   // model dimensions
-  nlohmann::json run;      // global batch, ctx, sampler, seed, world, lr settings, ...
+  int64_t step = 0;       // optimizer steps completed
+  nlohmann::json config;  // model dimensions
+  nlohmann::json run;     // global batch, ctx, sampler, seed, world, lr settings, ...
 };
 
 nlohmann::json config_to_json(const ModelConfig& c);

@@ -1,8 +1,8 @@
 #include "runtime/options.h"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -63,7 +63,8 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed of the initialisation and the random sampler");
   app.add_option("--init-from", o.init_from, "start from these weights (model.safetensors)");
   app.add_option("--resume", o.resume, "resume from a checkpoint directory (DIR/step_N)");
-  app.add_option("--save-every", o.save_every, "write a checkpoint every N steps (0 = only at end)");
+  app.add_option("--save-every", o.save_every,
+                 "write a checkpoint every N steps (0 = only at end)");
   app.add_option("--out", o.out, "output directory: metrics.jsonl, checkpoints, model.safetensors");
   app.add_option("--log-every", o.log_every, "log every N steps");
   app.add_option("--eval-every", o.eval_every, "validation loss every N steps (0 = only at end)");
@@ -78,7 +79,8 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--timing-warmup", o.timing_warmup, "steps left out of the final timing table");
   app.add_option("--comm-timeout", o.comm_timeout,
                  "seconds a GPU collective may take before every rank is stopped");
-  app.add_option("--trace", o.trace, "write a Chrome-trace JSON (Perfetto) of phases and collectives");
+  app.add_option("--trace", o.trace,
+                 "write a Chrome-trace JSON (Perfetto) of phases and collectives");
   app.add_option("--peak-tflops", o.peak_tflops, "peak TFLOP/s per device for MFU (0 = default)");
   app.add_flag("--benchmark", o.benchmark, "time steps on synthetic tokens instead of training");
   app.add_option("--mode", o.bench_mode, "benchmark: forward | forward-backward | train");
@@ -126,7 +128,8 @@ void validate_options(const Options& o) {
   if (o.eval_batches <= 0) usage_error("--eval-batches must be positive");
   if (o.bucket_mb < 0) usage_error("--bucket-mb must not be negative (got {})", o.bucket_mb);
   if (o.timing_warmup < 0) usage_error("--timing-warmup must not be negative");
-  if (!(o.comm_timeout > 0)) usage_error("--comm-timeout must be positive (got {})", o.comm_timeout);
+  if (!(o.comm_timeout > 0))
+    usage_error("--comm-timeout must be positive (got {})", o.comm_timeout);
   if (o.grad_reduce != "fp32" && o.grad_reduce != "bf16")
     usage_error("--grad-reduce '{}' is not fp32 or bf16", o.grad_reduce);
   if (o.sampler != "random" && o.sampler != "sequential")
@@ -144,7 +147,8 @@ void validate_options(const Options& o) {
   if (o.bench_mode != "forward" && o.bench_mode != "forward-backward" && o.bench_mode != "train")
     usage_error("--mode '{}' is not forward, forward-backward or train", o.bench_mode);
   if (!o.benchmark && o.data.empty())
-    usage_error("--data is required (a uint16 .npy or .bin token file; see launch/prepare_data.sh)");
+    usage_error(
+        "--data is required (a uint16 .npy or .bin token file; see launch/prepare_data.sh)");
   if (!o.init_from.empty() && !o.resume.empty())
     usage_error("--init-from and --resume exclude each other (--resume restores the weights too)");
   if (o.device == "cpu" && o.grad_reduce != "fp32")
@@ -182,7 +186,8 @@ std::string first_difference(const std::string& a, const std::string& b) {
       const std::string& l = ga ? la : lb;
       const std::string key = l.substr(0, l.find('='));
       return fmt::format("--{} (rank 0: '{}', here: '{}')", key,
-                         ga ? la.substr(la.find('=') + 1) : "", gb ? lb.substr(lb.find('=') + 1) : "");
+                         ga ? la.substr(la.find('=') + 1) : "",
+                         gb ? lb.substr(lb.find('=') + 1) : "");
     }
   }
 }

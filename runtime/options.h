@@ -36,7 +36,7 @@ struct Options {
   int64_t timing_warmup = 5;
   double comm_timeout = 300;  // seconds a GPU collective may take before every rank is stopped
   std::string trace;          // Chrome-trace JSON of step phases and collectives
-  double peak_tflops = 0;  // 0: by device and precision
+  double peak_tflops = 0;     // 0: by device and precision
   // Benchmark mode
   bool benchmark = false;
   std::string bench_mode = "train";

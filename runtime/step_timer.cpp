@@ -10,12 +10,18 @@ namespace trainer {
 
 const char* phase_name(Phase p) {
   switch (p) {
-    case Phase::kData: return "data";
-    case Phase::kForward: return "forward";
-    case Phase::kBackward: return "backward";
-    case Phase::kComm: return "comm";
-    case Phase::kOptimizer: return "optimizer";
-    case Phase::kStep: return "step";
+    case Phase::kData:
+      return "data";
+    case Phase::kForward:
+      return "forward";
+    case Phase::kBackward:
+      return "backward";
+    case Phase::kComm:
+      return "comm";
+    case Phase::kOptimizer:
+      return "optimizer";
+    case Phase::kStep:
+      return "step";
   }
   return "?";
 }

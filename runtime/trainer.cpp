@@ -1,20 +1,23 @@
 #include "runtime/trainer.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
 #include "comm/grad_sync.h"
 #ifdef TRAINER_WITH_CUDA
+#include <nvtx3/nvToolsExt.h>
+
 #include "comm/nccl_communicator.h"
 #endif
 #include "core/device_buffer.h"
@@ -25,6 +28,7 @@
 #include "optim/schedule.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
+#include "runtime/safetensors.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -41,8 +45,10 @@ BufferView host_view(std::vector<float>& v) {
 void check_writable_dir(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (!fs::is_directory(dir)) usage_error("--out {}: cannot create directory ({})", dir, ec.message());
-  const std::string probe = (fs::path(dir) / (".write_test." + std::to_string(::getpid()))).string();
+  if (!fs::is_directory(dir))
+    usage_error("--out {}: cannot create directory ({})", dir, ec.message());
+  const std::string probe =
+      (fs::path(dir) / (".write_test." + std::to_string(::getpid()))).string();
   FILE* f = std::fopen(probe.c_str(), "w");
   if (!f) usage_error("--out {}: directory is not writable ({})", dir, std::strerror(errno));
   std::fclose(f);
@@ -53,20 +59,44 @@ void check_writable_dir(const std::string& dir) {
 double default_peak_tflops(DeviceKind d, Precision p) {
   if (d == DeviceKind::kCpu) return 0;
   switch (p) {
-    case Precision::kBf16: return 989;
-    case Precision::kTf32: return 494;
-    case Precision::kFp32: return 67;
+    case Precision::kBf16:
+      return 989;
+    case Precision::kTf32:
+      return 494;
+    case Precision::kFp32:
+      return 67;
   }
   return 0;
 }
 
 const char* precision_name(Precision p) {
   switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kTf32: return "tf32";
-    case Precision::kBf16: return "bf16";
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kTf32:
+      return "tf32";
+    case Precision::kBf16:
+      return "bf16";
   }
   return "?";
+}
+
+// mpirun binds each rank to one core when it starts at most 2 ranks; host-side work (initialising
+// billions of parameters, checksums, the CPU backend) then runs on one core.
+void warn_if_cores_bound() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return;
+  const int usable = CPU_COUNT(&set);
+  const int online = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  int local_ranks = 1;
+  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+    local_ranks = std::max(1, std::atoi(v));
+  if (usable < online / local_ranks && usable < 4)
+    spdlog::warn(
+        "this rank may use only {} of {} cores (the launcher bound it); host-side work "
+        "will be slow: launch with `mpirun --bind-to none` or give each rank more cores",
+        usable, online);
 }
 
 // Everything one rank holds for a run.
@@ -132,9 +162,10 @@ void Run::setup() {
     if (!diff.empty())
       usage_error("rank {}'s settings differ from rank 0's: first difference {}", rank_, diff);
     if (o_.ddp == "none" && nranks_ > 1)
-      usage_error("--ddp none needs a single rank (world is {}); use naive, flat, overlap or "
-                  "bucketed",
-                  nranks_);
+      usage_error(
+          "--ddp none needs a single rank (world is {}); use naive, flat, overlap or "
+          "bucketed",
+          nranks_);
     if (device_ == DeviceKind::kCpu && precision_ != Precision::kFp32)
       usage_error("--precision {} needs --device cuda; the CPU backend is fp32",
                   precision_name(precision_));
@@ -167,6 +198,8 @@ void Run::setup() {
     schedule_ = LrSchedule{o_.lr, o_.min_lr, o_.warmup, o_.steps};
     if (!o_.benchmark) schedule_.validate();
   });
+
+  warn_if_cores_bound();
 
   // Flat buffers are padded so that `world` equal aligned shards cover them.
   flat_ = layout_.padded_total(nranks_);
@@ -207,7 +240,8 @@ void Run::setup() {
   acfg.beta2 = o_.beta2;
   acfg.eps = o_.eps;
   acfg.weight_decay = o_.wd;
-  agree_on_usage_errors(world_, [&] { opt_ = std::make_unique<AdamW>(device_, owned_.size(), acfg); });
+  agree_on_usage_errors(world_,
+                        [&] { opt_ = std::make_unique<AdamW>(device_, owned_.size(), acfg); });
 
   TensorRanges tensors;
   for (const auto& t : layout_.tensors()) tensors.push_back(t.range());
@@ -226,7 +260,8 @@ void Run::setup() {
 
   // What this run holds, printed once.
   const std::vector<double> opt_bytes = [&] {
-    auto rows = world_.gather_to_root(std::vector<double>{static_cast<double>(opt_->state_bytes())});
+    auto rows =
+        world_.gather_to_root(std::vector<double>{static_cast<double>(opt_->state_bytes())});
     std::vector<double> v;
     for (auto& r : rows) v.push_back(r[0]);
     return v;
@@ -235,17 +270,19 @@ void Run::setup() {
     const ModelConfig& c = o_.config;
     spdlog::info("model {}: {} | {:.2f}M parameters", o_.model, describe(c),
                  layout_.param_count() / 1e6);
-    spdlog::info("run: {} rank(s) on {} | precision {} | batch {} x ctx {} per rank, grad-accum {}, "
-                 "global batch {} sequences = {} tokens/step",
-                 nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu", precision_name(precision_),
-                 o_.batch, c.ctx, o_.grad_accum, G_, G_ * c.ctx);
+    spdlog::info(
+        "run: {} rank(s) on {} | precision {} | batch {} x ctx {} per rank, grad-accum {}, "
+        "global batch {} sequences = {} tokens/step",
+        nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu", precision_name(precision_),
+        o_.batch, c.ctx, o_.grad_accum, G_, G_ * c.ctx);
     const double pbytes = static_cast<double>(replica_->params().bytes());
     const double gbytes = static_cast<double>(replica_->grads().bytes());
     const double abytes = static_cast<double>(replica_->activation_bytes());
-    spdlog::info("memory per rank: params {} ({}) | grads {} (f32) | optimizer state {} | "
-                 "activations {} | total {}",
-                 mib(pbytes), dtype_name(replica_->params().dtype), mib(gbytes), mib(opt_bytes[0]),
-                 mib(abytes), mib(pbytes + gbytes + opt_bytes[0] + abytes));
+    spdlog::info(
+        "memory per rank: params {} ({}) | grads {} (f32) | optimizer state {} | "
+        "activations {} | total {}",
+        mib(pbytes), dtype_name(replica_->params().dtype), mib(gbytes), mib(opt_bytes[0]),
+        mib(abytes), mib(pbytes + gbytes + opt_bytes[0] + abytes));
     std::string per_rank;
     for (size_t r = 0; r < opt_bytes.size(); ++r)
       per_rank += fmt::format("{}rank {}: {}", r ? ", " : "", r, mib(opt_bytes[r]));
@@ -260,7 +297,10 @@ void Run::setup() {
 }
 
 void Run::init_state() {
-  // Rank 0's parameters are everyone's: fresh init, --init-from, or --resume.
+  // Rank 0's parameters are everyone's: fresh init, --init-from, or --resume. Every rank makes or
+  // reads them itself (the init is a pure function of the seed; files are on a shared file
+  // system), then a checksum shows they agree with rank 0's; only if one differs are rank 0's
+  // broadcast -- through MPI, which moves gigabytes slowly.
   std::vector<float> params(flat_, 0.0f);
   std::optional<CheckpointMeta> meta;
   agree_on_usage_errors(world_, [&] {
@@ -275,16 +315,23 @@ void Run::init_state() {
       start_step_ = meta->step;
       const int64_t saved_g = meta->run.value("global_batch", int64_t{0});
       if (rank_ == 0 && saved_g != G_)
-        spdlog::warn("checkpoint global batch {} differs from this run's {} (batch x world x "
-                     "grad-accum): training continues, but not as the uninterrupted run would",
-                     saved_g, G_);
+        spdlog::warn(
+            "checkpoint global batch {} differs from this run's {} (batch x world x "
+            "grad-accum): training continues, but not as the uninterrupted run would",
+            saved_g, G_);
     } else if (!o_.init_from.empty()) {
-      if (rank_ == 0) load_model(o_.init_from, layout_, params.data());
-    } else if (rank_ == 0) {
+      load_model(o_.init_from, layout_, params.data());
+    } else {
       init_params(layout_, o_.seed, params.data());
     }
   });
-  world_.broadcast(host_view(params), 0)->wait();
+  const double sum =
+      static_cast<double>(checksum64(params.data(), params.size() * sizeof(float)) >> 11);
+  const double root_sum = world_.max(rank_ == 0 ? sum : -1.0);
+  if (world_.max(sum != root_sum ? 1.0 : 0.0) > 0) {
+    if (rank_ == 0) spdlog::warn("initial parameters differ between ranks: broadcasting rank 0's");
+    world_.broadcast(host_view(params), 0)->wait();
+  }
   replica_->set_params(params.data());
   copy(opt_->master(), host_view(params).slice(owned_.begin, owned_.size()));
   if (rank_ == 0 && meta)
@@ -327,6 +374,9 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
   BufferView grads = replica_->grads().slice(owned_.begin, owned_.size());
   {
     PhaseScope p(*timer_, Phase::kOptimizer);
+#ifdef TRAINER_WITH_CUDA
+    nvtxRangePushA("optimizer");  // so nsys timelines show the step like the code reads
+#endif
     // Global norm of the averaged gradient: each rank holds the whole of it, or (ZeRO-1) its shard.
     double sq = sum_squares(grads, replica_->stream());
     if (shards_ && nranks_ > 1) sq = world_.sum(sq);
@@ -334,10 +384,14 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
     const float clip = clip_scale(grad_norm, o_.clip);
     opt_->step(grads, replica_->params().slice(owned_.begin, owned_.size()), schedule_.at(s), s + 1,
                clip, replica_->stream());
+#ifdef TRAINER_WITH_CUDA
+    nvtxRangePop();
+#endif
   }
   if (shards_ && nranks_ > 1) {
     PhaseScope p(*timer_, Phase::kComm);
-    grad_comm_->all_gather(replica_->params(), std::vector<int64_t>(nranks_, shards_->shard_elems()))
+    grad_comm_
+        ->all_gather(replica_->params(), std::vector<int64_t>(nranks_, shards_->shard_elems()))
         ->wait();
   }
 }
@@ -370,8 +424,13 @@ PhaseTimes Run::collect_times(int64_t s) {
   if (!o_.trace.empty()) {
     // One process per rank, one track per stream (tid 0 compute, 1 communication).
     auto event = [&](const std::string& name, int tid, double a, double b) {
-      trace_.push_back(json{{"name", name}, {"ph", "X"}, {"pid", rank_}, {"tid", tid},
-                            {"ts", a * 1e3}, {"dur", (b - a) * 1e3}, {"args", {{"step", s + 1}}}}
+      trace_.push_back(json{{"name", name},
+                            {"ph", "X"},
+                            {"pid", rank_},
+                            {"tid", tid},
+                            {"ts", a * 1e3},
+                            {"dur", (b - a) * 1e3},
+                            {"args", {{"step", s + 1}}}}
                            .dump());
     };
     for (const PhaseInterval& iv : timer_->intervals())
@@ -397,12 +456,20 @@ void Run::write_trace() {
   for (int r = 0; r < nranks_; ++r) {
     for (const auto& [tid, label] : {std::pair{0, "compute stream"}, std::pair{1, "comm stream"}}) {
       f << (first ? "" : ",\n")
-        << json{{"name", "thread_name"}, {"ph", "M"}, {"pid", r}, {"tid", tid},
-                {"args", {{"name", label}}}}.dump();
+        << json{{"name", "thread_name"},
+                {"ph", "M"},
+                {"pid", r},
+                {"tid", tid},
+                {"args", {{"name", label}}}}
+               .dump();
       first = false;
     }
-    f << ",\n" << json{{"name", "process_name"}, {"ph", "M"}, {"pid", r},
-                       {"args", {{"name", fmt::format("rank {}", r)}}}}.dump();
+    f << ",\n"
+      << json{{"name", "process_name"},
+              {"ph", "M"},
+              {"pid", r},
+              {"args", {{"name", fmt::format("rank {}", r)}}}}
+             .dump();
     if (!all[r].empty()) f << ",\n" << all[r];
   }
   f << "\n]}\n";
@@ -442,10 +509,10 @@ void Run::save(int64_t step_done, bool final) {
     CheckpointMeta meta;
     meta.step = step_done;
     meta.config = config_to_json(o_.config);
-    meta.run = {{"global_batch", G_},   {"ctx", o_.config.ctx}, {"sampler", o_.sampler},
-                {"seed", o_.seed},      {"world", nranks_},     {"shard_optim", o_.shard_optim},
-                {"lr", o_.lr},          {"min_lr", o_.min_lr},  {"warmup", o_.warmup},
-                {"steps", o_.steps},    {"data", o_.data}};
+    meta.run = {{"global_batch", G_}, {"ctx", o_.config.ctx}, {"sampler", o_.sampler},
+                {"seed", o_.seed},    {"world", nranks_},     {"shard_optim", o_.shard_optim},
+                {"lr", o_.lr},        {"min_lr", o_.min_lr},  {"warmup", o_.warmup},
+                {"steps", o_.steps},  {"data", o_.data}};
     const std::string dir = (fs::path(o_.out) / fmt::format("step_{}", step_done)).string();
     save_checkpoint(dir, layout_, p.data(), m.data(), v.data(), meta);
     spdlog::info("checkpoint written: {}", dir);
@@ -469,13 +536,13 @@ void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseT
   const double ms = step_ms[slowest];  // the step is as slow as its slowest rank
   const double tokens = static_cast<double>(G_ * o_.config.ctx);
   const double tok_s = tokens / (ms / 1e3);
-  const double peak = (o_.peak_tflops > 0 ? o_.peak_tflops : default_peak_tflops(device_, precision_));
-  const double mfu = peak > 0 ? tok_s * flops_per_token(o_.config, o_.config.ctx) /
-                                    (nranks_ * peak * 1e12)
-                              : 0;
+  const double peak =
+      (o_.peak_tflops > 0 ? o_.peak_tflops : default_peak_tflops(device_, precision_));
+  const double mfu =
+      peak > 0 ? tok_s * flops_per_token(o_.config, o_.config.ctx) / (nranks_ * peak * 1e12) : 0;
   const double lr = schedule_.at(s);
   if (metrics_.is_open()) {
-    json j = {{"step", s + 1},   {"loss", loss},         {"lr", lr},
+    json j = {{"step", s + 1},     {"loss", loss},          {"lr", lr},
               {"grad_norm", norm}, {"tokens_per_s", tok_s}, {"step_ms", ms}};
     if (peak > 0) j["mfu"] = mfu;
     json per_rank = json::array();
@@ -503,9 +570,10 @@ void Run::report_timing(const std::vector<std::vector<PhaseTimes>>& rank_times, 
   if (rank_ != 0 || rank_times.empty()) return;
   const int64_t n = static_cast<int64_t>(rank_times.size());
   if (n <= skip) skip = 0;
-  spdlog::info("per-rank step timings, ms, mean ± std over {} steps (first {} left out, "
-               "--timing-warmup):",
-               n - skip, skip);
+  spdlog::info(
+      "per-rank step timings, ms, mean ± std over {} steps (first {} left out, "
+      "--timing-warmup):",
+      n - skip, skip);
   // Total collective time is measured on GPUs (CUDA events on the comm stream) only.
   const int slots = grad_comm_ != &world_ ? kCommTotal + 1 : kNumPhases;
   std::string head = fmt::format("{:>6}", "rank");
@@ -569,7 +637,8 @@ TrainResult Run::execute(bool keep_params) {
         result.val_losses.push_back(vl);
         if (rank_ == 0) {
           spdlog::info("step {:>5}/{} | validation loss {:.4f}", s + 1, o_.steps, vl);
-          if (metrics_.is_open()) metrics_ << json{{"step", s + 1}, {"val_loss", vl}}.dump() << "\n";
+          if (metrics_.is_open())
+            metrics_ << json{{"step", s + 1}, {"val_loss", vl}}.dump() << "\n";
         }
       }
       if (last || (o_.save_every > 0 && (s + 1) % o_.save_every == 0)) save(s + 1, last);
@@ -636,26 +705,29 @@ void Run::benchmark(TrainResult& result) {
   const double med = median(steps_ms);
   const double tokens = static_cast<double>(G_ * o_.config.ctx);
   const double tok_s = tokens / (med / 1e3);
-  const double peak = o_.peak_tflops > 0 ? o_.peak_tflops : default_peak_tflops(device_, precision_);
+  const double peak =
+      o_.peak_tflops > 0 ? o_.peak_tflops : default_peak_tflops(device_, precision_);
   const double flops_factor = o_.bench_mode == "forward" ? 1.0 / 3.0 : 1.0;
   const double mfu = peak > 0 ? tok_s * flops_factor * flops_per_token(o_.config, o_.config.ctx) /
                                     (nranks_ * peak * 1e12)
                               : 0;
-  spdlog::info("benchmark --mode {} | {} warm-up + {} timed steps | {} rank(s)", o_.bench_mode, warm,
-               n, nranks_);
+  spdlog::info("benchmark --mode {} | {} warm-up + {} timed steps | {} rank(s)", o_.bench_mode,
+               warm, n, nranks_);
   spdlog::info("  forward   {:8.3f} ± {:.3f} ms", fw.mean, fw.std);
   if (backward) spdlog::info("  backward  {:8.3f} ± {:.3f} ms", bw.mean, bw.std);
   if (backward && nranks_ > 1) {
     std::vector<double> total;
     for (const auto& ranks : all) total.push_back(ranks[0][kCommTotal]);
     const MeanStd tc = mean_std(total);
-    spdlog::info("  comm      {:8.3f} ± {:.3f} ms exposed (rank 0's collectives ran {:.3f} ms in all)",
-                 cm.mean, cm.std, tc.mean);
+    spdlog::info(
+        "  comm      {:8.3f} ± {:.3f} ms exposed (rank 0's collectives ran {:.3f} ms in all)",
+        cm.mean, cm.std, tc.mean);
   }
   if (step) spdlog::info("  optimizer {:8.3f} ± {:.3f} ms", op.mean, op.std);
-  spdlog::info("  step      {:8.3f} ± {:.3f} ms (median {:.3f}) | {:.0f} tok/s{} | peak memory {:.2f} GiB",
-               st.mean, st.std, med, tok_s,
-               peak > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "", max_mem / 1073741824.0);
+  spdlog::info(
+      "  step      {:8.3f} ± {:.3f} ms (median {:.3f}) | {:.0f} tok/s{} | peak memory {:.2f} GiB",
+      st.mean, st.std, med, tok_s, peak > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "",
+      max_mem / 1073741824.0);
   report_timing(all, 0);
   if (!o_.csv.empty()) {
     const bool fresh = !fs::exists(o_.csv);
@@ -664,7 +736,8 @@ void Run::benchmark(TrainResult& result) {
     if (fresh)
       csv << "time,model,d_model,d_ff,layers,heads,vocab,ctx,batch,grad_accum,world,device,"
              "precision,attn,ddp,bucket_mb,shard_optim,mode,warmup,steps,forward_ms,forward_std,"
-             "backward_ms,backward_std,comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,"
+             "backward_ms,backward_std,comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_"
+             "std,"
              "step_median_ms,tokens_per_s,mfu,peak_mem_gib\n";
     const ModelConfig& c = o_.config;
     csv << fmt::format(

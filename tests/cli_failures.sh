@@ -63,6 +63,10 @@ expect 2 "no such checkpoint directory" "$trainer" "${small[@]}" "${data[@]}" --
 "$trainer" "${small[@]}" "${data[@]}" --steps 2 --out "$tmp/run" > /dev/null 2>&1
 printf 'garbage' | dd of="$tmp/run/step_2/optimizer.safetensors" bs=1 seek=100 conv=notrunc 2>/dev/null
 expect 2 "optimizer.safetensors" "$trainer" "${small[@]}" "${data[@]}" --steps 4 --resume "$tmp/run/step_2"
+# Weights of a different shape (d_model 32 instead of 16): the message names file and tensor.
+"$trainer" "${small[@]}" "${data[@]}" --d-model 32 --steps 1 --out "$tmp/wide" > /dev/null 2>&1
+expect 2 "wide/model.safetensors.*token_embeddings.weight" "$trainer" "${small[@]}" "${data[@]}" \
+  --init-from "$tmp/wide/model.safetensors"
 truncate -s 50 "$tmp/run/model.safetensors"
 expect 2 "model.safetensors" "$trainer" "${small[@]}" "${data[@]}" --init-from "$tmp/run/model.safetensors"
 # Multi-rank: refused strategies and settings that differ between ranks, on every rank.
@@ -76,8 +80,15 @@ if [[ $(grep -c "missing.npy" <<<"$out") -ge 2 ]]; then passed=$((passed + 1)); 
 # A rank that dies mid-run: every rank stops, non-zero, well within the timeout.
 expect nonzero "exits abruptly" $mpirun -np 2 "$trainer" "${small[@]}" "${data[@]}" --steps 1000 \
   --debug-die-at-step 3 --debug-die-rank 1
-# And a healthy 2-rank run for contrast.
-expect 0 "step +2/2" $mpirun -np 2 "$trainer" "${small[@]}" "${data[@]}" --steps 2 --log-every 1
+# And a healthy 2-rank run for contrast, with a trace that holds both ranks' phases.
+expect 0 "step +2/2" $mpirun -np 2 "$trainer" "${small[@]}" "${data[@]}" --steps 2 --log-every 1 \
+  --trace "$tmp/trace.json"
+if python3 -c "
+import json, sys
+ev = json.load(open(sys.argv[1]))['traceEvents']
+ranks = {e['pid'] for e in ev if e['ph'] == 'X' and e['name'] == 'backward'}
+sys.exit(0 if ranks == {0, 1} else 1)" "$tmp/trace.json"; then passed=$((passed + 1)); else
+  echo "FAIL: --trace did not record both ranks' phases"; failures=$((failures + 1)); fi
 
 echo "$passed passed, $failures failed"
 [[ $failures -eq 0 ]]

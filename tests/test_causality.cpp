@@ -42,8 +42,10 @@ TEST_CASE("changing tokens after position t never changes logits at positions <=
     for (int64_t pos = 0; pos < T; ++pos) {
       for (int64_t v = 0; v < V; ++v) {
         const bool same = got[pos * V + v] == ref[pos * V + v];
-        if (pos <= t) same_before = same_before && same;
-        else differs_after = differs_after || !same;
+        if (pos <= t)
+          same_before = same_before && same;
+        else
+          differs_after = differs_after || !same;
       }
     }
     CHECK(same_before);

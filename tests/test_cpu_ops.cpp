@@ -1,10 +1,12 @@
 // The CPU reference layers on small cases whose answers are derived by hand (or with the python3
 // one-liners quoted next to them), gemm against a naive triple loop, and linear_backward against
 // finite differences.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "model/cpu/ops.h"
@@ -90,8 +92,7 @@ TEST_CASE("rope rotates interleaved pairs by pos * theta^(-2j/dh)") {
   // cos .01).
   std::vector<double> x = {1, 2, 3, 4, 1, 0, 0, 1};
   rope_forward(x.data(), 2, 2, 4, 4, 10000.0);
-  check_all(x,
-            {1, 2, 3, 4, std::cos(1.0), std::sin(1.0), -std::sin(0.01), std::cos(0.01)}, 1e-15);
+  check_all(x, {1, 2, 3, 4, std::cos(1.0), std::sin(1.0), -std::sin(0.01), std::cos(0.01)}, 1e-15);
   // Two heads of dh = 2, positions 0..2 (rows 3.. wrap to position 0 again: n = 4, seq = 3).
   // Each head's only pair turns by pos rad.
   std::vector<double> y = {1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 2, 3, 4, 5};
@@ -177,8 +178,8 @@ TEST_CASE("swiglu on hand values") {
 TEST_CASE("cross-entropy on hand values, stable for large logits") {
   // Row 0: logits ln(1..4) -> softmax (1, 2, 3, 4)/10; target 2: loss = ln 10 - ln 3 = ln(10/3).
   // Row 1: (1000, 1000, 1000, 1000) target 0: loss = ln 4 (no overflow).
-  const std::vector<double> logits = {0, std::log(2.0), std::log(3.0), std::log(4.0),
-                                      1000, 1000, 1000, 1000};
+  const std::vector<double> logits = {0,    std::log(2.0), std::log(3.0), std::log(4.0),
+                                      1000, 1000,          1000,          1000};
   const std::vector<int32_t> t = {2, 0};
   std::vector<double> loss(2);
   cross_entropy_forward(logits.data(), t.data(), loss.data(), 2, 4);
@@ -284,4 +285,52 @@ TEST_CASE("linear forward and backward match finite differences") {
                   d_out);
   for (double& v : dW2) v += 0.25;
   check_all(dW2, dW, 1e-14);
+}
+
+TEST_CASE("float layers agree with double across the range of exp") {
+  // The float paths use their own vectorised exp; compare with the double paths (std::exp) on
+  // rows long enough to use full vectors and a tail (V = 1003), logits spread over +-60 (and one
+  // row of extremes), gate inputs over +-100 (sigmoid saturates both ways).
+  const int64_t n = 4, V = 1003;
+  auto ld = random_vec(n * V, 50);
+  for (int64_t i = 0; i < n * V; ++i) ld[i] *= i < 3 * V ? 60.0 : 1000.0;
+  const std::vector<int32_t> t = {0, 500, 1002, 7};
+  std::vector<float> lf(ld.begin(), ld.end());
+  std::vector<double> lossd(n), dd(n * V), ldr(lf.begin(), lf.end());  // same inputs as float
+  std::vector<float> lossf(n), df(n * V);
+  cross_entropy_forward(ldr.data(), t.data(), lossd.data(), n, V);
+  cross_entropy_forward(lf.data(), t.data(), lossf.data(), n, V);
+  cross_entropy_backward(ldr.data(), t.data(), dd.data(), n, V, 1.0);
+  cross_entropy_backward(lf.data(), t.data(), df.data(), n, V, 1.0f);
+  for (int64_t i = 0; i < n; ++i) CHECK_THAT(lossf[i], WithinAbs(lossd[i], 1e-6 * (1 + lossd[i])));
+  // Float itself limits the softmax: x - max rounds to ~6e-8 |x - max|, which exp turns into a
+  // relative error of that size; so the tolerance grows with the distance from the row max.
+  for (int64_t r = 0; r < n; ++r) {
+    double m = -1e300;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, ldr[r * V + j]);
+    for (int64_t j = 0; j < V; ++j) {
+      const int64_t i = r * V + j;
+      INFO("dlogit " << i << " = " << dd[i] << " float " << df[i]);
+      const double tol = 1.2e-7 * (8 + (m - ldr[i])) * std::abs(dd[i]) + 1e-37;
+      CHECK_THAT(double(df[i]), WithinAbs(dd[i], tol));
+    }
+  }
+
+  const auto ad = random_vec(3000, 51), bd = random_vec(3000, 52), gd = random_vec(3000, 53);
+  std::vector<double> a(3000);
+  for (int i = 0; i < 3000; ++i) a[i] = double(float(100 * ad[i]));
+  std::vector<float> af(a.begin(), a.end()), bf(bd.begin(), bd.end()), gf(gd.begin(), gd.end());
+  std::vector<double> b(bf.begin(), bf.end()), g(gf.begin(), gf.end());
+  std::vector<double> od(3000), dad(3000), dbd(3000);
+  std::vector<float> of(3000), daf(3000), dbf(3000);
+  swiglu_forward(a.data(), b.data(), od.data(), 3000);
+  swiglu_forward(af.data(), bf.data(), of.data(), 3000);
+  swiglu_backward(a.data(), b.data(), g.data(), dad.data(), dbd.data(), 3000);
+  swiglu_backward(af.data(), bf.data(), gf.data(), daf.data(), dbf.data(), 3000);
+  for (int i = 0; i < 3000; ++i) {
+    INFO("gate " << i << " a = " << a[i]);
+    CHECK_THAT(double(of[i]), WithinAbs(od[i], 1e-6 * std::abs(od[i]) + 1e-30));
+    CHECK_THAT(double(daf[i]), WithinAbs(dad[i], 1e-6 * std::abs(dad[i]) + 1e-30));
+    CHECK_THAT(double(dbf[i]), WithinAbs(dbd[i], 1e-6 * std::abs(dbd[i]) + 1e-30));
+  }
 }

@@ -32,7 +32,8 @@ namespace {
 constexpr int64_t kGlobalBatch = 24;  // B = 24 / (world * accum) is whole for world 1..4
 #ifdef TEST_ON_GPU
 constexpr int kSteps = 20;
-const std::vector<std::string> kDevice = {"--device", "cuda"};
+// fp32 unless a test asks for bf16 (a later flag wins).
+const std::vector<std::string> kDevice = {"--device", "cuda", "--precision", "fp32"};
 #else
 constexpr int kSteps = 10;
 const std::vector<std::string> kDevice = {"--device", "cpu"};
@@ -60,11 +61,31 @@ const std::string& scratch() {
 }
 
 Options make_options(std::vector<std::string> args) {
-  std::vector<std::string> base = {
-      "trainer",   "--d-model", "32",         "--d-ff", "64",  "--layers",
-      "2",         "--heads",  "2",    "--vocab",   "61",         "--ctx",  "16",  "--steps",
-      std::to_string(kSteps),  "--lr", "3e-3",      "--warmup",   "2",      "--clip", "0.5",
-      "--data",    scratch() + "/tokens.npy",       "--log-every", "100"};
+  std::vector<std::string> base = {"trainer",
+                                   "--d-model",
+                                   "32",
+                                   "--d-ff",
+                                   "64",
+                                   "--layers",
+                                   "2",
+                                   "--heads",
+                                   "2",
+                                   "--vocab",
+                                   "61",
+                                   "--ctx",
+                                   "16",
+                                   "--steps",
+                                   std::to_string(kSteps),
+                                   "--lr",
+                                   "3e-3",
+                                   "--warmup",
+                                   "2",
+                                   "--clip",
+                                   "0.5",
+                                   "--data",
+                                   scratch() + "/tokens.npy",
+                                   "--log-every",
+                                   "100"};
   base.insert(base.end(), kDevice.begin(), kDevice.end());
   args.insert(args.begin(), base.begin(), base.end());
   std::vector<char*> argv;
@@ -87,10 +108,10 @@ const TrainResult& reference(const std::string& precision = "fp32") {
   static std::map<std::string, TrainResult> refs;
   if (!refs.count(precision)) {
     MpiCommunicator self(MPI_COMM_SELF);
-    refs[precision] = run_training(make_options({"--ddp", "none", "--batch",
-                                                 std::to_string(kGlobalBatch), "--precision",
-                                                 precision}),
-                                   self, /*keep_params=*/true);
+    refs[precision] =
+        run_training(make_options({"--ddp", "none", "--batch", std::to_string(kGlobalBatch),
+                                   "--precision", precision}),
+                     self, /*keep_params=*/true);
   }
   return refs[precision];
 }
@@ -139,9 +160,10 @@ TEST_CASE("bf16: every strategy's losses stay within 1e-2 of one GPU", "[equival
   for (const char* ddp : {"naive", "flat", "overlap", "bucketed"}) {
     for (bool shard : {false, true}) {
       for (const char* reduce : {"fp32", "bf16"}) {
-        std::vector<std::string> args = {"--ddp", ddp, "--batch", std::to_string(kGlobalBatch / w),
-                                         "--bucket-mb", "0.01", "--precision", "bf16",
-                                         "--grad-reduce", reduce};
+        std::vector<std::string> args = {
+            "--ddp",         ddp,    "--batch",     std::to_string(kGlobalBatch / w),
+            "--bucket-mb",   "0.01", "--precision", "bf16",
+            "--grad-reduce", reduce};
         if (shard) args.push_back("--shard-optim");
         INFO("world " << w << " --ddp " << ddp << (shard ? " --shard-optim" : "")
                       << " --grad-reduce " << reduce);
@@ -177,8 +199,9 @@ TEST_CASE("a resumed run continues exactly as the uninterrupted one", "[resume]"
       MPI_Comm_split(MPI_COMM_WORLD, world.rank() < m ? 0 : MPI_UNDEFINED, world.rank(), &sub);
       if (world.rank() < m) {
         MpiCommunicator subw(sub);
-        std::vector<std::string> args = {"--batch", std::to_string(kGlobalBatch / m), "--resume",
-                                         out + "/step_5", "--ddp", m == 1 ? "none" : "bucketed"};
+        std::vector<std::string> args = {"--batch",  std::to_string(kGlobalBatch / m),
+                                         "--resume", out + "/step_5",
+                                         "--ddp",    m == 1 ? "none" : "bucketed"};
         if (shard) args.push_back("--shard-optim");
         INFO("written by " << w << " sharded ranks, resumed on " << m
                            << (shard ? " sharded" : " unsharded"));

@@ -66,7 +66,8 @@ TEST_CASE("bucket plans of the tiny preset") {
     REQUIRE(got == want);
     REQUIRE(units[1].grad_bytes == 984064);
     REQUIRE(units[3].grad_bytes == 131584);
-    for (const auto& u : units) REQUIRE((u.grad_bytes <= 1048576 || u.first_tensor == u.last_tensor));
+    for (const auto& u : units)
+      REQUIRE((u.grad_bytes <= 1048576 || u.first_tensor == u.last_tensor));
   }
 }
 

@@ -1,6 +1,8 @@
 // init_params: the distributions of SPEC.md, deterministic in the seed.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numbers>
 #include <vector>
 
 #include "model/config.h"
@@ -15,7 +17,7 @@ namespace {
 // Standard deviation of a standard normal truncated to [-3, 3]:
 // sqrt(1 - 2*3*phi(3) / (Phi(3) - Phi(-3))), python3: 0.98658...
 double truncated_std() {
-  const double phi3 = std::exp(-4.5) / std::sqrt(2 * M_PI);
+  const double phi3 = std::exp(-4.5) / std::sqrt(2 * std::numbers::pi);
   const double mass = std::erf(3 / std::sqrt(2.0));
   return std::sqrt(1 - 6 * phi3 / mass);
 }
@@ -61,9 +63,10 @@ TEST_CASE("init follows SPEC.md: truncated normals, unit gains, zero padding") {
                               : std::sqrt(2.0 / double(t.shape[0] + t.shape[1]));
     const Stats s = stats(x, t.numel);
     CHECK(s.max_abs <= 3 * target * (1 + 1e-6));  // nothing beyond 3 std
-    CHECK(s.max_abs > 2.5 * target);             // but the tails are there
+    CHECK(s.max_abs > 2.5 * target);              // but the tails are there
     // The sample std is within 5 standard errors of the truncated normal's exact std (the
-    // standard error of a sample std is std * sqrt((kurtosis - 1) / (4 n)), kurtosis 2.68 / tstd^4).
+    // standard error of a sample std is std * sqrt((kurtosis - 1) / (4 n)), kurtosis 2.68 /
+    // tstd^4).
     const double kurt = 2.680043 / std::pow(tstd, 4);
     const double se = std::sqrt((kurt - 1) / (4.0 * double(t.numel)));
     CHECK(std::abs(s.std / (target * tstd) - 1) < 5 * se);

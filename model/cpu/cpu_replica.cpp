@@ -29,7 +29,8 @@ class CpuReplica final : public Replica {
   BufferView grads() override { return grads_.view(); }
 
   void forward(const MicroBatch& mb) override {
-    TRAINER_CHECK(mb.inputs != nullptr && mb.targets != nullptr, "forward needs inputs and targets");
+    TRAINER_CHECK(mb.inputs != nullptr && mb.targets != nullptr,
+                  "forward needs inputs and targets");
     const float mean = model_.forward(params_.as<float>(), mb.inputs, mb.targets, mb.batch, mb.seq);
     const int64_t tokens = mb.batch * mb.seq;
     loss_sum_ += static_cast<double>(mean) * static_cast<double>(tokens);
@@ -54,7 +55,8 @@ class CpuReplica final : public Replica {
   // Runs forward in the same storage (the CPU has no memory to save); it does not count towards
   // take_loss() and invalidates the saved activations of an earlier forward.
   float evaluate(const MicroBatch& mb) override {
-    TRAINER_CHECK(mb.inputs != nullptr && mb.targets != nullptr, "evaluate needs inputs and targets");
+    TRAINER_CHECK(mb.inputs != nullptr && mb.targets != nullptr,
+                  "evaluate needs inputs and targets");
     backward_ready_ = false;
     return model_.forward(params_.as<float>(), mb.inputs, mb.targets, mb.batch, mb.seq);
   }
@@ -63,8 +65,8 @@ class CpuReplica final : public Replica {
 
   void set_params(const float* host) override {
     TRAINER_CHECK(host != nullptr, "set_params: null source");
-    copy(params_.view(), BufferView{const_cast<float*>(host), params_.count(), DType::kF32,
-                                    DeviceKind::kCpu});
+    copy(params_.view(),
+         BufferView{const_cast<float*>(host), params_.count(), DType::kF32, DeviceKind::kCpu});
   }
 
   int64_t activation_bytes() const override { return model_.activation_bytes(); }

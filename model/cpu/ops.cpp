@@ -17,22 +17,50 @@
 namespace trainer::cpu {
 namespace {
 
-// exp() that the compiler can vectorise: glibc's expf is an opaque scalar call, and the softmax
-// of the LM head (batch * ctx * vocab elements, twice per step) would otherwise dominate a step.
+// ------------------------------------------------------------------------------------------------
+// Vectorised exp for float. glibc's expf is an opaque scalar call, and GCC will not vectorise a
+// portable replacement written on scalars either (it turns the range clamp into branches), yet the
+// softmax over the vocabulary (batch * ctx * vocab exps, twice per step) would dominate a step.
+// So the float paths below work on 8-lane GCC/Clang vector types (one AVX register); double (used
+// for gradient checks) keeps std::exp.
 //   exp(x) = 2^k exp(r),  k = round(x / ln2),  r = x - k ln2 in [-ln2/2, ln2/2],
-// with ln2 split into a short head (exact k * head for |k| < 2^12) and a tail, and exp(r) by its
-// Taylor series to r^7 (truncation error < 0.3466^8 / 8! = 5e-9, below float rounding). 2^k is
-// built in the exponent bits; k comes from adding 1.5 * 2^23, which rounds x / ln2 to an integer
-// in the low mantissa bits (no float-to-int conversion, so NaN stays NaN without UB). x is
-// clamped to [-87, 88] so 2^k stays a normal float: exp(-inf) gives 1.6e-38 instead of 0, which
-// no sum in this file can tell apart. Double (gradient checks) uses std::exp.
-inline float fast_exp(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
+// ln2 split into a head (k * head exact for |k| < 2^12) and a tail; exp(r) by its Taylor series
+// to r^7 (truncation < 0.3466^8 / 8! = 5e-9 relative, under float rounding; measured max error
+// 1.3 ulp). Adding 1.5 * 2^23 rounds x / ln2 to an integer held in the low mantissa bits, from
+// which 2^k is built in the exponent field. x is clamped to [-87, 88] so that 2^k stays a normal
+// float: exp(x < -87) gives 1.6e-38 rather than 0 or a denormal, and exp(x > 88) gives 1.65e38
+// rather than inf; no sum or sigmoid here can tell the difference. NaN propagates.
+// ------------------------------------------------------------------------------------------------
+using F8 [[gnu::vector_size(32)]] = float;
+using U8 [[gnu::vector_size(32)]] = uint32_t;
+using F8Unaligned [[gnu::vector_size(32), gnu::aligned(4)]] = float;
+
+inline F8 load8(const float* p) { return *reinterpret_cast<const F8Unaligned*>(p); }
+inline void store8(float* p, F8 v) { *reinterpret_cast<F8Unaligned*>(p) = v; }
+// Lanes [0, n) from p, the rest `fill` (n < 8: the tail of an array).
+inline F8 load_partial(const float* p, int64_t n, float fill) {
+  F8 v = F8{} + fill;
+  for (int64_t i = 0; i < n; ++i) v[i] = p[i];
+  return v;
+}
+inline void store_partial(float* p, F8 v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) p[i] = v[i];
+}
+// Sum of the lanes in a fixed order.
+inline float lane_sum(F8 v) {
+  float s = 0;
+  for (int i = 0; i < 8; ++i) s += v[i];
+  return s;
+}
+
+inline F8 exp8(F8 x) {
+  x = x < -87.0f ? F8{} - 87.0f : x;
+  x = x > 88.0f ? F8{} + 88.0f : x;
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
-  const float t = x * 1.44269504088896341f + kMagic;
-  const float k = t - kMagic;
-  const float r = (x - k * 0.693145751953125f) - k * 1.428606765330187e-06f;
-  float p = 1.0f / 5040;
+  const F8 t = x * 1.44269504088896341f + kMagic;
+  const F8 k = t - kMagic;
+  const F8 r = (x - k * 0.693145751953125f) - k * 1.428606765330187e-06f;
+  F8 p = F8{} + 1.0f / 5040;
   p = p * r + 1.0f / 720;
   p = p * r + 1.0f / 120;
   p = p * r + 1.0f / 24;
@@ -40,12 +68,74 @@ inline float fast_exp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const uint32_t k_bits = std::bit_cast<uint32_t>(t) - std::bit_cast<uint32_t>(kMagic);
-  return p * std::bit_cast<float>((k_bits + 127u) << 23);
+  const U8 k_bits = std::bit_cast<U8>(t) - std::bit_cast<uint32_t>(kMagic);
+  const U8 two_k = (k_bits + 127u) << 23;
+  return p * std::bit_cast<F8>(two_k);
 }
-inline double fast_exp(double x) { return std::exp(x); }
+
+// out[j] = exp(x[j] - m) for j < n (out may be x; null to only sum); returns the sum.
+inline float exp_shifted_sum(const float* x, float m, float* out, int64_t n) {
+  F8 acc = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const F8 e = exp8(load8(x + j) - m);
+    if (out) store8(out + j, e);
+    acc += e;
+  }
+  if (j < n) {
+    F8 e = exp8(load_partial(x + j, n - j, m) - m);
+    for (int64_t i = n - j; i < 8; ++i) e[i] = 0.0f;
+    if (out) store_partial(out + j, e, n - j);
+    acc += e;
+  }
+  return lane_sum(acc);
+}
+inline double exp_shifted_sum(const double* x, double m, double* out, int64_t n) {
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const double e = std::exp(x[j] - m);
+    if (out) out[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+// s[j] = sigmoid(a[j]) = 1 / (1 + exp(-a[j])) for j < n.
+inline void sigmoid_n(const float* a, float* s, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) store8(s + j, 1.0f / (1.0f + exp8(-load8(a + j))));
+  if (j < n) store_partial(s + j, 1.0f / (1.0f + exp8(-load_partial(a + j, n - j, 0))), n - j);
+}
+inline void sigmoid_n(const double* a, double* s, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) s[j] = 1.0 / (1.0 + std::exp(-a[j]));
+}
+
+// max over x[0, n).
+inline float max_n(const float* x, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  if (n >= 8) {
+    F8 acc = load8(x);
+    for (j = 8; j + 8 <= n; j += 8) {
+      const F8 v = load8(x + j);
+      acc = acc > v ? acc : v;
+    }
+    for (int i = 0; i < 8; ++i) m = std::max(m, acc[i]);
+  }
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+inline double max_n(const double* x, int64_t n) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
 
 }  // namespace
+
+// Row-wise layers go parallel only above this many elements: below it a parallel region costs
+// more than the loop (and on a loaded machine a barrier can cost a whole scheduler slice).
+constexpr int64_t kMinParallelElems = int64_t{1} << 17;
 
 // ------------------------------------------------------------------------------------------------
 // gemm: C = alpha * op(A) op(B) + beta * C
@@ -220,7 +310,7 @@ void linear_backward(const T* x, const T* W, const T* dy, T* dx, T* dW, int64_t 
 // ------------------------------------------------------------------------------------------------
 template <typename T>
 void embedding_forward(const int32_t* ids, const T* table, T* out, int64_t n, int64_t d) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * d >= kMinParallelElems)
   for (int64_t i = 0; i < n; ++i) std::copy_n(table + int64_t{ids[i]} * d, d, out + i * d);
 }
 
@@ -242,7 +332,7 @@ void embedding_backward(const int32_t* ids, const T* dout, T* dtable, int64_t n,
 // ------------------------------------------------------------------------------------------------
 template <typename T>
 void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t n, int64_t d, T eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * d >= kMinParallelElems)
   for (int64_t i = 0; i < n; ++i) {
     const T* xi = x + i * d;
     T* yi = y + i * d;
@@ -257,7 +347,7 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t n, int64_t d
 template <typename T>
 void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, T* dx, T* dw, int64_t n,
                       int64_t d) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * d >= kMinParallelElems)
   for (int64_t i = 0; i < n; ++i) {
     const T* xi = x + i * d;
     const T* dyi = dy + i * d;
@@ -270,7 +360,7 @@ void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, T* dx,
   }
   // dw sums over rows: split the columns between threads so no two threads write one element.
   constexpr int64_t kCols = 64;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * d >= kMinParallelElems)
   for (int64_t c0 = 0; c0 < d; c0 += kCols) {
     const int64_t c1 = std::min(d, c0 + kCols);
     for (int64_t i = 0; i < n; ++i) {
@@ -309,7 +399,7 @@ void rope_apply(T* x, int64_t n, int64_t seq, int64_t d, int64_t head_dim, T the
   std::vector<T> cs, sn;
   rope_table(seq, head_dim, theta, cs, sn);
   const int64_t half = head_dim / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * d >= kMinParallelElems)
   for (int64_t i = 0; i < n; ++i) {
     const T* c = cs.data() + (i % seq) * half;
     const T* s = sn.data() + (i % seq) * half;
@@ -344,8 +434,8 @@ void rope_backward(T* dx, int64_t n, int64_t seq, int64_t d, int64_t head_dim, T
 //   dq_i = s sum_j dS_ij k_j,  dk_j = s sum_i dS_ij q_i
 // ------------------------------------------------------------------------------------------------
 template <typename T>
-void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B,
-                       int64_t seq, int64_t H, int64_t head_dim) {
+void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t seq,
+                       int64_t H, int64_t head_dim) {
   const int64_t d = H * head_dim;
   const T scale = T(1) / std::sqrt(T(head_dim));
 #pragma omp parallel for collapse(2) schedule(static)
@@ -363,12 +453,7 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int
           p[j] = dot * scale;
           m = std::max(m, p[j]);
         }
-        T sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          p[j] = fast_exp(p[j] - m);
-          sum += p[j];
-        }
-        const T inv = T(1) / sum;
+        const T inv = T(1) / exp_shifted_sum(p, m, p, i + 1);
         for (int64_t j = 0; j <= i; ++j) p[j] *= inv;
         for (int64_t j = i + 1; j < seq; ++j) p[j] = T(0);
         T* oi = out + base + i * d;
@@ -435,26 +520,33 @@ void attention_backward(const T* q, const T* k, const T* v, const T* probs, cons
 // SwiGLU gate: out = silu(a) b, silu(a) = a sig(a), silu'(a) = sig(a) (1 + a (1 - sig(a))).
 //   da = dout b silu'(a),  db = dout silu(a)
 // ------------------------------------------------------------------------------------------------
+// Both work in chunks: the sigmoids of a chunk go to a small local buffer, then a plain loop.
+constexpr int64_t kGateChunk = 1024;
+
 template <typename T>
 void swiglu_forward(const T* a, const T* b, T* out, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const T sig = T(1) / (T(1) + fast_exp(-a[i]));
-    out[i] = a[i] * sig * b[i];
+#pragma omp parallel for schedule(static) if (n >= kMinParallelElems)
+  for (int64_t c0 = 0; c0 < n; c0 += kGateChunk) {
+    const int64_t m = std::min(kGateChunk, n - c0);
+    T sig[kGateChunk];
+    sigmoid_n(a + c0, sig, m);
+    for (int64_t i = 0; i < m; ++i) out[c0 + i] = a[c0 + i] * sig[i] * b[c0 + i];
   }
 }
 
 template <typename T>
 void swiglu_backward(const T* a, const T* b, const T* dout, T* da, T* db, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const T sig = T(1) / (T(1) + fast_exp(-a[i]));
-    const T silu = a[i] * sig;
-    const T dsilu = sig * (T(1) + a[i] * (T(1) - sig));
-    const T g = dout[i];
-    // a and b are read before da and db are written, so the caller may alias them.
-    da[i] = g * b[i] * dsilu;
-    db[i] = g * silu;
+#pragma omp parallel for schedule(static) if (n >= kMinParallelElems)
+  for (int64_t c0 = 0; c0 < n; c0 += kGateChunk) {
+    const int64_t m = std::min(kGateChunk, n - c0);
+    T sig[kGateChunk];
+    sigmoid_n(a + c0, sig, m);
+    for (int64_t i = 0; i < m; ++i) {
+      const T ai = a[c0 + i], bi = b[c0 + i], g = dout[c0 + i], s = sig[i];
+      // a, b and dout are read before da and db are written, so the caller may alias them.
+      da[c0 + i] = g * bi * s * (T(1) + ai * (T(1) - s));
+      db[c0 + i] = g * ai * s;
+    }
   }
 }
 
@@ -471,14 +563,6 @@ void check_targets(const int32_t* targets, int64_t n, int64_t V) {
                   targets[i], i, V);
 }
 
-template <typename T>
-inline T row_max(const T* l, int64_t V) {
-  T m = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < V; ++j) m = std::max(m, l[j]);
-  return m;
-}
-
 }  // namespace
 
 template <typename T>
@@ -488,10 +572,8 @@ void cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, i
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const T* l = logits + i * V;
-    const T m = row_max(l, V);
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < V; ++j) sum += fast_exp(l[j] - m);
+    const T m = max_n(l, V);
+    const T sum = exp_shifted_sum(l, m, static_cast<T*>(nullptr), V);
     losses[i] = (m - l[targets[i]]) + std::log(sum);  // m - l[t] first: exact for large logits
   }
 }
@@ -504,41 +586,34 @@ void cross_entropy_backward(const T* logits, const int32_t* targets, T* dlogits,
   for (int64_t i = 0; i < n; ++i) {
     const T* l = logits + i * V;
     T* dl = dlogits + i * V;  // may be l itself: each element is read before it is written
-    const T m = row_max(l, V);
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < V; ++j) {
-      dl[j] = fast_exp(l[j] - m);
-      sum += dl[j];
-    }
-    const T f = scale / sum;
-#pragma omp simd
+    const T m = max_n(l, V);
+    const T f = scale / exp_shifted_sum(l, m, dl, V);  // dl = exp(l - m) for now
     for (int64_t j = 0; j < V; ++j) dl[j] *= f;
     dl[targets[i]] -= scale;
   }
 }
 
 // ------------------------------------------------------------------------------------------------
-#define TRAINER_INSTANTIATE_CPU_OPS(T)                                                            \
-  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*,   \
-                        int64_t, T, T*, int64_t);                                                 \
-  template void linear_forward<T>(const T*, const T*, T*, int64_t, int64_t, int64_t);            \
-  template void linear_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t,       \
-                                   int64_t);                                                      \
-  template void embedding_forward<T>(const int32_t*, const T*, T*, int64_t, int64_t);            \
-  template void embedding_backward<T>(const int32_t*, const T*, T*, int64_t, int64_t);           \
-  template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, T);              \
-  template void rmsnorm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t,     \
-                                    int64_t);                                                     \
-  template void rope_forward<T>(T*, int64_t, int64_t, int64_t, int64_t, T);                      \
-  template void rope_backward<T>(T*, int64_t, int64_t, int64_t, int64_t, T);                     \
-  template void attention_forward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t,     \
-                                     int64_t, int64_t);                                           \
-  template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,  \
-                                      T*, int64_t, int64_t, int64_t, int64_t);                    \
-  template void swiglu_forward<T>(const T*, const T*, T*, int64_t);                              \
-  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);               \
-  template void cross_entropy_forward<T>(const T*, const int32_t*, T*, int64_t, int64_t);        \
+#define TRAINER_INSTANTIATE_CPU_OPS(T)                                                          \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*,  \
+                        int64_t, T, T*, int64_t);                                               \
+  template void linear_forward<T>(const T*, const T*, T*, int64_t, int64_t, int64_t);           \
+  template void linear_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t,      \
+                                   int64_t);                                                    \
+  template void embedding_forward<T>(const int32_t*, const T*, T*, int64_t, int64_t);           \
+  template void embedding_backward<T>(const int32_t*, const T*, T*, int64_t, int64_t);          \
+  template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, T);            \
+  template void rmsnorm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t,    \
+                                    int64_t);                                                   \
+  template void rope_forward<T>(T*, int64_t, int64_t, int64_t, int64_t, T);                     \
+  template void rope_backward<T>(T*, int64_t, int64_t, int64_t, int64_t, T);                    \
+  template void attention_forward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t,    \
+                                     int64_t, int64_t);                                         \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*, \
+                                      T*, int64_t, int64_t, int64_t, int64_t);                  \
+  template void swiglu_forward<T>(const T*, const T*, T*, int64_t);                             \
+  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);              \
+  template void cross_entropy_forward<T>(const T*, const int32_t*, T*, int64_t, int64_t);       \
   template void cross_entropy_backward<T>(const T*, const int32_t*, T*, int64_t, int64_t, T);
 
 TRAINER_INSTANTIATE_CPU_OPS(float)

@@ -11,10 +11,10 @@ namespace {
 constexpr double kRmsEps = 1e-5;
 constexpr double kRopeTheta = 10000.0;
 
-// dst += src over n elements.
+// dst += src over n elements (memory bound: parallel only when large).
 template <typename T>
 void add_into(T* dst, const T* src, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 18))
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
@@ -100,11 +100,13 @@ T CpuTransformer<T>::forward(const T* params, const int32_t* inputs, const int32
                 dh = cfg_.head_dim();
   for (int64_t i = 0; i < n; ++i) {
     if (inputs[i] < 0 || inputs[i] >= V)
-      usage_error("input token id {} at row {} position {} is outside the vocabulary 0..{} (--vocab)",
-                  inputs[i], i / seq, i % seq, V - 1);
+      usage_error(
+          "input token id {} at row {} position {} is outside the vocabulary 0..{} (--vocab)",
+          inputs[i], i / seq, i % seq, V - 1);
     if (targets && (targets[i] < 0 || targets[i] >= V))
-      usage_error("target token id {} at row {} position {} is outside the vocabulary 0..{} (--vocab)",
-                  targets[i], i / seq, i % seq, V - 1);
+      usage_error(
+          "target token id {} at row {} position {} is outside the vocabulary 0..{} (--vocab)",
+          targets[i], i / seq, i % seq, V - 1);
   }
   B_ = B;
   seq_ = seq;
@@ -167,7 +169,8 @@ void CpuTransformer<T>::backward(const T* params, T* grads, T scale, const GradR
     if (ready) ready(index);
   };
 
-  // Loss and head: dlogits = scale (softmax - onehot); dlnf = dlogits Whead; dWhead += dlogits^T lnf.
+  // Loss and head: dlogits = scale (softmax - onehot); dlnf = dlogits Whead; dWhead += dlogits^T
+  // lnf.
   cross_entropy_backward(logits_.data(), targets_.data(), dlogits_.data(), n, V, scale);
   linear_backward(lnf_.data(), params + off_head_, dlogits_.data(), dln_.data(), grads + off_head_,
                   n, d, V);
@@ -202,12 +205,12 @@ void CpuTransformer<T>::backward(const T* params, T* grads, T scale, const GradR
     rope_backward(dk_.data(), n, seq_, d, dh, theta);
     linear_backward(a.ln1.data(), params + p.v, dv_.data(), dln_.data(), grads + p.v, n, d, d);
     done(p.i_v);
-    linear_backward(a.ln1.data(), params + p.k, dk_.data(), static_cast<T*>(nullptr), grads + p.k, n,
-                    d, d);
+    linear_backward(a.ln1.data(), params + p.k, dk_.data(), static_cast<T*>(nullptr), grads + p.k,
+                    n, d, d);
     gemm<T>(false, false, n, d, d, T(1), dk_.data(), d, params + p.k, d, T(1), dln_.data(), d);
     done(p.i_k);
-    linear_backward(a.ln1.data(), params + p.q, dq_.data(), static_cast<T*>(nullptr), grads + p.q, n,
-                    d, d);
+    linear_backward(a.ln1.data(), params + p.q, dq_.data(), static_cast<T*>(nullptr), grads + p.q,
+                    n, d, d);
     gemm<T>(false, false, n, d, d, T(1), dq_.data(), d, params + p.q, d, T(1), dln_.data(), d);
     done(p.i_q);
     rmsnorm_backward(a.x.data(), params + p.ln1, a.rstd1.data(), dln_.data(), dres_.data(),

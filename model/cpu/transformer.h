@@ -49,14 +49,14 @@ class CpuTransformer {
   };
   // What a block's backward needs, all for the rows of the last forward.
   struct BlockActs {
-    std::vector<T> x;                // (n, d)  block input (residual stream)
-    std::vector<T> ln1, rstd1;       // (n, d), (n)
-    std::vector<T> q, k, v;          // (n, d)  q and k after RoPE
-    std::vector<T> probs;            // (B, H, seq, seq)
-    std::vector<T> att;              // (n, d)  attention output before output_proj
-    std::vector<T> h;                // (n, d)  x + attention
-    std::vector<T> ln2, rstd2;       // (n, d), (n)
-    std::vector<T> a, b, g;          // (n, f)  w1 x, w3 x, silu(a) * b
+    std::vector<T> x;           // (n, d)  block input (residual stream)
+    std::vector<T> ln1, rstd1;  // (n, d), (n)
+    std::vector<T> q, k, v;     // (n, d)  q and k after RoPE
+    std::vector<T> probs;       // (B, H, seq, seq)
+    std::vector<T> att;         // (n, d)  attention output before output_proj
+    std::vector<T> h;           // (n, d)  x + attention
+    std::vector<T> ln2, rstd2;  // (n, d), (n)
+    std::vector<T> a, b, g;     // (n, f)  w1 x, w3 x, silu(a) * b
   };
 
   ModelConfig cfg_;
@@ -76,11 +76,11 @@ class CpuTransformer {
   std::vector<T> logits_, losses_;  // (n, V), (n)
 
   // Backward scratch.
-  std::vector<T> dres_;            // (n, d) gradient of the residual stream
-  std::vector<T> dln_, datt_;      // (n, d)
-  std::vector<T> dq_, dk_, dv_;    // (n, d)
-  std::vector<T> dg_, da_, db_;    // (n, f)
-  std::vector<T> dlogits_;         // (n, V)
+  std::vector<T> dres_;          // (n, d) gradient of the residual stream
+  std::vector<T> dln_, datt_;    // (n, d)
+  std::vector<T> dq_, dk_, dv_;  // (n, d)
+  std::vector<T> dg_, da_, db_;  // (n, f)
+  std::vector<T> dlogits_;       // (n, V)
 };
 
 }  // namespace trainer::cpu

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Renders benchmark CSV rows (trainer --benchmark --csv) as a Markdown table.
+
+    launch/bench_table.py results.csv [--anchors]
+
+--anchors adds PyTorch eager's tokens/s from ANCHORS.md (H200, batch 4 x ctx 512 and small at
+16 x 1024) and the ratio to it, for the rows that have one.
+"""
+import csv
+import sys
+
+# PyTorch eager on H200 (ANCHORS.md): (model, batch, ctx) -> tokens/s
+EAGER = {("small", 4, 512): 42156, ("medium", 4, 512): 29184, ("large", 4, 512): 17246,
+         ("xl", 4, 512): 8886, ("2.7B", 4, 512): 11550, ("small", 16, 1024): 245759}
+
+
+def main():
+    path = sys.argv[1]
+    anchors = "--anchors" in sys.argv
+    rows = list(csv.reader(open(path)))
+    head = rows[0]
+    col = {name: i for i, name in enumerate(head)}
+    out = ["| model | world | ddp | batch×ctx | step ms (median) | mean ± std | fwd ms | bwd ms "
+           "| comm ms | opt ms | tok/s | MFU | peak GiB |" + (" vs eager |" if anchors else "")]
+    out.append("|" + "---|" * (13 + anchors))
+    for r in rows[1:]:
+        if r[0] == "oom":
+            out.append(f"| {r[1]} | 1 | | {r[8]}×{r[7]} | out of memory |" + " |" * (8 + anchors))
+            continue
+        g = lambda k: r[col[k]]
+        f = lambda k: float(g(k))
+        ddp = g("ddp") + (" + ZeRO-1" if g("shard_optim") == "1" else "")
+        if g("ddp") == "bucketed":
+            ddp += f" {float(g('bucket_mb')):g} MiB"
+        if g("world") == "1":
+            ddp = "—"
+        line = (f"| {g('model')} | {g('world')} | {ddp} | {g('batch')}×{g('ctx')} "
+                f"| {f('step_median_ms'):.2f} | {f('step_ms'):.2f} ± {f('step_std'):.2f} "
+                f"| {f('forward_ms'):.2f} | {f('backward_ms'):.2f} | {f('comm_ms'):.2f} "
+                f"| {f('optimizer_ms'):.2f} | {f('tokens_per_s'):,.0f} | {100 * f('mfu'):.1f}% "
+                f"| {f('peak_mem_gib'):.1f} |")
+        if anchors:
+            key = (g("model"), int(g("batch")), int(g("ctx")))
+            line += f" {f('tokens_per_s') / EAGER[key]:.2f}× |" if key in EAGER else " |"
+        out.append(line)
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+// Device helpers shared by the kernels of model/cuda: element-type conversions, packed (up to
+// 16-byte) loads and stores, warp and block reductions, and the launch-side choice of the vector
+// width. Only .cu files include this header (it contains device code).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+
+namespace trainer::cuda {
+
+constexpr int kWarp = 32;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---- element conversions: all arithmetic happens in fp32 ----
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// ---- packed access: N consecutive elements moved in one instruction (16 bytes at most) ----
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+template <int N, typename T>
+__device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, N>*>(p);
+}
+template <int N, typename T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
+  *reinterpret_cast<Pack<T, N>*>(p) = v;
+}
+// Loads that bypass L1 (for data written by other blocks of the same kernel).
+__device__ __forceinline__ float load_cg(const float* p) { return __ldcg(p); }
+
+// Elements per 16-byte access.
+template <typename T>
+constexpr int kPack = 16 / sizeof(T);
+
+// The widest vector width (kPack<T> or 1) usable for rows of `row_elems` elements starting at
+// each of `ptrs`: every pointer 16-byte aligned and every row a whole number of vectors.
+template <typename T>
+int vector_width(std::initializer_list<const void*> ptrs,
+                 std::initializer_list<int64_t> row_elems) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+  for (int64_t r : row_elems)
+    if (r % kPack<T> != 0) return 1;
+  return kPack<T>;
+}
+
+// ---- reductions ----
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 32 floats of shared memory. The order of additions is fixed, so the result is
+// deterministic.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+// The "last block done" pattern: each of `expected` blocks calls this once (with every thread)
+// after writing its partial results; it returns true in exactly one of them, the last to arrive,
+// which may then read every partial (through L2, e.g. __ldcg) and must reset `*counter` to zero
+// for the next launch.
+__device__ __forceinline__ bool arrive_last(unsigned* counter, unsigned expected, bool* smem_flag) {
+  __threadfence();  // make this thread's partial writes visible device-wide
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    const unsigned prev = atomicAdd(counter, 1u);
+    *smem_flag = (prev == expected - 1);
+  }
+  __syncthreads();
+  const bool last = *smem_flag;
+  if (last) __threadfence();  // order the reads of other blocks' partials after the counter
+  return last;
+}
+
+}  // namespace trainer::cuda

@@ -1,0 +1,160 @@
+// Fused softmax + cross-entropy (see cross_entropy.cuh for the math). One block per row; an
+// online (max, sum) pass, a block reduction, then the optional gradient pass over the same row.
+#include "model/cuda/common.cuh"
+#include "model/cuda/cross_entropy.cuh"
+
+namespace trainer::cuda {
+namespace {
+
+// Running softmax statistics: max m and sum s of exp(x - m) over the values seen.
+struct MaxSum {
+  float m = -INFINITY, s = 0.0f;
+  __device__ void add(float x) {
+    if (x > m) {
+      s = s * expf(m - x) + 1.0f;
+      m = x;
+    } else {
+      s += expf(x - m);
+    }
+  }
+  __device__ static MaxSum merge(MaxSum a, MaxSum b) {
+    MaxSum r;
+    r.m = fmaxf(a.m, b.m);
+    if (r.m == -INFINITY) return r;  // both empty
+    r.s = a.s * expf(a.m - r.m) + b.s * expf(b.m - r.m);
+    return r;
+  }
+};
+
+__device__ MaxSum block_max_sum(MaxSum v, float* sm, float* ss) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    MaxSum other;
+    other.m = __shfl_xor_sync(0xffffffffu, v.m, o);
+    other.s = __shfl_xor_sync(0xffffffffu, v.s, o);
+    v = MaxSum::merge(v, other);
+  }
+  if (lane == 0) {
+    sm[warp] = v.m;
+    ss[warp] = v.s;
+  }
+  __syncthreads();
+  MaxSum r;
+  for (int w = 0; w < warps; ++w) r = MaxSum::merge(r, MaxSum{sm[w], ss[w]});
+  return r;
+}
+
+__device__ double warp_sum_double(double v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Row i = blockIdx.x. kV logits per access on [0, V/kV*kV), then one at a time.
+template <typename T, int kV, bool kGrad>
+__global__ void cross_entropy_kernel(T* logits, int64_t ld, const int32_t* __restrict__ targets,
+                                     float* __restrict__ losses, double* loss_sum,
+                                     unsigned* counter, int64_t n, int V, float scale) {
+  __shared__ float sm[32], ss[32];
+  __shared__ double sd[32];
+  __shared__ bool last;
+  const int64_t row = blockIdx.x;
+  T* l = logits + row * ld;
+  const int t = targets[row];
+  // Read before the block barrier inside block_max_sum: nothing overwrites it before then.
+  const float lt = to_float(l[t]);
+  const int v_vec = V / kV * kV;
+  MaxSum acc;
+  for (int c = threadIdx.x * kV; c < v_vec; c += blockDim.x * kV) {
+    const Pack<T, kV> p = load_pack<kV>(l + c);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) acc.add(to_float(p.v[k]));
+  }
+  for (int c = v_vec + threadIdx.x; c < V; c += blockDim.x) acc.add(to_float(l[c]));
+  const MaxSum tot = block_max_sum(acc, sm, ss);
+  const float lse = tot.m + logf(tot.s);
+  if (threadIdx.x == 0) losses[row] = lse - lt;
+
+  if constexpr (kGrad) {
+    for (int c = threadIdx.x * kV; c < v_vec; c += blockDim.x * kV) {
+      Pack<T, kV> p = load_pack<kV>(l + c);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        const float g = expf(to_float(p.v[k]) - lse) - (c + k == t ? 1.0f : 0.0f);
+        p.v[k] = from_float<T>(scale * g);
+      }
+      store_pack<kV>(l + c, p);
+    }
+    for (int c = v_vec + threadIdx.x; c < V; c += blockDim.x) {
+      const float g = expf(to_float(l[c]) - lse) - (c == t ? 1.0f : 0.0f);
+      l[c] = from_float<T>(scale * g);
+    }
+  }
+
+  if (loss_sum == nullptr) return;  // uniform over the grid
+  if (!arrive_last(counter, gridDim.x, &last)) return;
+  // The last block: sum every row's loss in a fixed order (strided per thread, then a fixed tree).
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += load_cg(losses + i);
+  s = warp_sum_double(s);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (lane == 0) sd[warp] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) total += sd[w];
+    *loss_sum += total;
+    *counter = 0;
+  }
+}
+
+template <typename T, bool kGrad>
+void launch(T* logits, int64_t ld, const int32_t* targets, float* losses, double* loss_sum,
+            unsigned* counter, int64_t n, int64_t V, float scale, cudaStream_t stream) {
+  TRAINER_CHECK(n >= 0 && V > 0 && V < (1 << 30) && ld >= V, "cross_entropy: n {} V {} ld {}", n, V,
+                ld);
+  TRAINER_CHECK(logits && targets && losses, "cross_entropy: null pointer");
+  TRAINER_CHECK((loss_sum == nullptr) == (counter == nullptr),
+                "cross_entropy: loss_sum and counter go together");
+  TRAINER_CHECK(n < (int64_t{1} << 31), "cross_entropy: {} rows", n);
+  if (n == 0) return;
+  const int threads = V >= 8192 ? 512 : (V >= 1024 ? 256 : 128);
+  const int Vi = static_cast<int>(V);
+  if (vector_width<T>({logits}, {ld}) == kPack<T>)
+    cross_entropy_kernel<T, kPack<T>, kGrad><<<static_cast<unsigned>(n), threads, 0, stream>>>(
+        logits, ld, targets, losses, loss_sum, counter, n, Vi, scale);
+  else
+    cross_entropy_kernel<T, 1, kGrad><<<static_cast<unsigned>(n), threads, 0, stream>>>(
+        logits, ld, targets, losses, loss_sum, counter, n, Vi, scale);
+  CUDA_CHECK_LAUNCH("cross_entropy_kernel");
+}
+
+}  // namespace
+
+void cross_entropy_forward(const float* logits, int64_t ld, const int32_t* targets, float* losses,
+                           double* loss_sum, unsigned* counter, int64_t n, int64_t V,
+                           cudaStream_t stream) {
+  // The forward-only instantiation never writes through the pointer.
+  launch<float, false>(const_cast<float*>(logits), ld, targets, losses, loss_sum, counter, n, V,
+                       0.0f, stream);
+}
+void cross_entropy_forward(const __nv_bfloat16* logits, int64_t ld, const int32_t* targets,
+                           float* losses, double* loss_sum, unsigned* counter, int64_t n, int64_t V,
+                           cudaStream_t stream) {
+  launch<__nv_bfloat16, false>(const_cast<__nv_bfloat16*>(logits), ld, targets, losses, loss_sum,
+                               counter, n, V, 0.0f, stream);
+}
+void cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* targets,
+                                    float* losses, double* loss_sum, unsigned* counter, int64_t n,
+                                    int64_t V, float scale, cudaStream_t stream) {
+  launch<float, true>(logits, ld, targets, losses, loss_sum, counter, n, V, scale, stream);
+}
+void cross_entropy_forward_backward(__nv_bfloat16* logits, int64_t ld, const int32_t* targets,
+                                    float* losses, double* loss_sum, unsigned* counter, int64_t n,
+                                    int64_t V, float scale, cudaStream_t stream) {
+  launch<__nv_bfloat16, true>(logits, ld, targets, losses, loss_sum, counter, n, V, scale, stream);
+}
+
+}  // namespace trainer::cuda

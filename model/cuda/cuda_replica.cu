@@ -1,0 +1,773 @@
+// The CUDA replica: the Transformer of SPEC.md on one GPU, over the flat parameter and gradient
+// buffers of ParamLayout (see model/replica.h for the contract).
+//
+// Memory: parameters (bf16 or fp32) and fp32 gradients are two flat buffers; every activation and
+// scratch buffer is carved once, in the constructor, out of one allocation sized for
+// (max_batch, ctx). Nothing is allocated afterwards, and nothing in forward or backward waits for
+// the device: token ids travel through pinned staging buffers with cudaMemcpyAsync, losses are
+// summed on the device, and take_loss() / evaluate() are the only synchronising calls.
+//
+// Forward of block l (n = B*T rows, d model width, f = d_ff):
+//   ln1  = rmsnorm(x_l)                       [rstd1 kept]
+//   vkq  = ln1 [Wv; Wk; Wq]^T                 one matmul when the three weights are adjacent
+//   q, k = rope(...), v = copy                one kernel; head-major for the simple attention
+//   att  = attention(q, k, v)                 simple (cuBLASLt + fp32 softmax) or flash
+//   h    = att Wo^T + x_l                     residual add fused into the matmul (beta = 1)
+//   ln2  = rmsnorm(h)
+//   ba   = ln2 [W3; W1]^T                     one matmul; columns [b | a]
+//   g    = silu(a) * b
+//   x_l+1 = g W2^T + h                        residual add fused into the matmul
+// then logits = rmsnorm(x_L) Whead^T and the fused softmax/cross-entropy, which in a training
+// forward also writes dlogits = softmax - onehot over the logits; backward's `scale` becomes the
+// alpha of the two lm_head matmuls.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/device_buffer.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/cuda/attention.cuh"
+#include "model/cuda/cross_entropy.cuh"
+#include "model/cuda/embedding.cuh"
+#include "model/cuda/flash_attention.h"
+#include "model/cuda/matmul.h"
+#include "model/cuda/residual.cuh"
+#include "model/cuda/rmsnorm.cuh"
+#include "model/cuda/rope.cuh"
+#include "model/cuda/swiglu.cuh"
+#include "model/replica.h"
+
+namespace trainer {
+namespace cuda {
+namespace {
+
+constexpr float kRmsEps = 1e-5f;
+constexpr double kRopeTheta = 10000.0;
+constexpr int64_t kStagingFloats = int64_t{2} << 20;  // 8 MiB: set_params' fp32 -> bf16 chunks
+constexpr int64_t kAlignBytes = 256;
+
+template <typename T>
+constexpr DType dtype_of() {
+  return std::is_same_v<T, float> ? DType::kF32 : DType::kBF16;
+}
+
+std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024)); }
+
+// Hands out 256-byte aligned pieces of one allocation. Run once with base 0 to measure, then again
+// over the real allocation: both runs see the same sequence of requests.
+class Carver {
+ public:
+  explicit Carver(uintptr_t base) : base_(base) {}
+  template <typename U>
+  U* take(int64_t count) {
+    const int64_t off = align_up(used_, kAlignBytes);
+    used_ = off + count * static_cast<int64_t>(sizeof(U));
+    return reinterpret_cast<U*>(base_ + static_cast<uintptr_t>(off));
+  }
+  int64_t used() const { return align_up(used_, kAlignBytes); }
+
+ private:
+  uintptr_t base_;
+  int64_t used_ = 0;
+};
+
+// RAII for the few raw CUDA handles (the buffers are DeviceBuffers).
+struct StreamHandle {
+  cudaStream_t s = nullptr;
+  ~StreamHandle() {
+    if (s) cudaStreamDestroy(s);
+  }
+};
+struct EventHandle {
+  cudaEvent_t e = nullptr;
+  ~EventHandle() {
+    if (e) cudaEventDestroy(e);
+  }
+};
+struct PinnedHandle {
+  void* p = nullptr;
+  ~PinnedHandle() {
+    if (p) cudaFreeHost(p);
+  }
+};
+
+// NVTX range for the lifetime of the object.
+struct NvtxRange {
+  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
+  ~NvtxRange() { nvtxRangePop(); }
+  NvtxRange(const NvtxRange&) = delete;
+  NvtxRange& operator=(const NvtxRange&) = delete;
+};
+
+// Linear layers that read the same input, with outputs side by side as column blocks of one
+// matrix (q/k/v: [v | k | q]; w3/w1: [b | a]), in flat-buffer order. When the weights are
+// adjacent in the flat buffer they form one (count*d_out, d_in) matrix and take one matmul.
+struct LinearGroup {
+  int count = 0;
+  int64_t d_in = 0, d_out = 0;  // per member
+  std::array<int64_t, 3> offset{};
+  std::array<int, 3> index{};
+  bool fused = false;
+};
+
+template <typename T>
+class CudaReplica final : public Replica {
+ public:
+  CudaReplica(const ModelConfig& c, const ReplicaOptions& o);
+  ~CudaReplica() override;
+
+  DeviceKind device() const override { return DeviceKind::kCuda; }
+  const ModelConfig& config() const override { return config_; }
+  const ParamLayout& layout() const override { return layout_; }
+  BufferView params() override { return params_.view(); }
+  BufferView grads() override { return grads_.view(); }
+
+  void forward(const MicroBatch& mb) override;
+  float take_loss() override;
+  void backward(float scale, const GradReadyFn& ready) override;
+  float evaluate(const MicroBatch& mb) override;
+  void zero_grads() override;
+  void set_params(const float* host) override;
+  int64_t activation_bytes() const override { return arena_bytes_; }
+  void synchronize() override {
+    use_device();
+    CUDA_CHECK(cudaStreamSynchronize(stream_.s));
+  }
+  void* stream() override { return stream_.s; }
+
+ private:
+  struct BlockParams {
+    int64_t ln1, o, ln2, w2;
+    int i_ln1, i_o, i_ln2, i_w2;
+    LinearGroup vkq, w31;
+  };
+  // What one block keeps from forward for backward.
+  struct BlockActs {
+    T* ln1;
+    float* rstd1;
+    T *q, *k, *v;  // after RoPE; head-major (simple) or token-major (flash)
+    T* probs;      // simple: (B, H, T, T) softmax; backward overwrites it with dS
+    float* lse;    // flash: (B, H, T)
+    T* att;        // (n, d) attention output before output_proj
+    T* h;          // (n, d) x + attention
+    T* ln2;
+    float* rstd2;
+    T* ba;  // (n, 2f) columns [b | a]; backward overwrites it with [db | da]
+    T* g;   // (n, f) silu(a) * b
+  };
+
+  void use_device() const { CUDA_CHECK(cudaSetDevice(device_index_)); }
+  void carve(Carver& cv);
+  void check_batch(const MicroBatch& mb) const;
+  void stage_tokens(const MicroBatch& mb, bool buckets);
+  void run_forward(int64_t B, int64_t seq, bool training);
+
+  const T* P(int64_t offset) const { return params_.as<T>() + offset; }
+  float* G(int64_t offset) const { return grads_.as<float>() + offset; }
+
+  // y[n, d_out] (row stride ldy) = x W^T (+ resid when given, same row stride as y)
+  void linear_forward(const T* x, const T* W, T* y, int64_t ldy, int64_t n, int64_t d_in,
+                      int64_t d_out, const T* resid = nullptr);
+  // dx[n, d_in] (+)= alpha * dy W   (dy row stride ldy)
+  void linear_backward_data(const T* dy, int64_t ldy, const T* W, T* dx, int64_t n, int64_t d_in,
+                            int64_t d_out, float alpha, bool accumulate);
+  // dW[d_out, d_in] += alpha * dy^T x   (fp32 gradient)
+  void linear_backward_weight(const T* dy, int64_t ldy, const T* x, float* dW, int64_t n,
+                              int64_t d_in, int64_t d_out, float alpha);
+  // att = attention(q, k, v) and its backward into dq_, dk_, dv_, by the chosen path.
+  void attention_layer_forward(BlockActs& a, int64_t B, int64_t seq);
+  void attention_layer_backward(BlockActs& a, const T* datt, int64_t B, int64_t seq);
+  void group_forward(const LinearGroup& gr, const T* x, T* y, int64_t n);
+  void group_backward(const LinearGroup& gr, const T* x, const T* dy, T* dx, int64_t n,
+                      const GradReadyFn& ready);
+
+  ModelConfig config_;
+  ParamLayout layout_;
+  ReplicaOptions options_;
+  int device_index_ = 0;
+  int64_t flat_ = 0;
+  int64_t n_max_ = 0;  // max_batch * ctx rows
+  int64_t d_, f_, V_, Vp_, H_, dh_, L_;
+  bool tf32_ = false;
+  bool flash_ = false;
+
+  // Parameter offsets and tensor indices.
+  std::vector<BlockParams> blocks_;
+  int64_t off_emb_, off_lnf_, off_head_;
+  int i_emb_, i_lnf_, i_head_;
+
+  StreamHandle stream_;
+  std::unique_ptr<Matmul> mm_;
+  DeviceBuffer params_, grads_, arena_, staging_;
+  int64_t arena_bytes_ = 0;
+
+  // Activations and scratch, carved from arena_.
+  std::vector<T*> resid_;  // L + 1 residual stream tensors (n, d); resid_[l] is block l's input
+  std::vector<BlockActs> acts_;
+  T *lnf_, *logits_;  // (n, d), (n, Vp): dlogits after a training forward
+  float *rstdf_, *losses_;
+  T* vkq_;                // (n, 3d) fused projection output, then its gradient
+  T* attn_hm_;            // (n, d) simple attention: head-major product / output gradient
+  T *dq_, *dk_, *dv_;     // (n, d) each, attention input gradients before RoPE backward
+  float* scores_;         // simple: (B, H, T, T) fp32 scores, then dP
+  void* flash_ws_;        // flash backward workspace
+  T *dres_, *dln_, *dg_;  // (n, d) residual-stream gradient, (n, d) norm-output gradient, (n, f)
+  float* rms_partial_;
+  unsigned* rms_counters_;
+  unsigned* ce_counter_;
+  double* loss_sum_;  // [0] training, [1] evaluation
+  int32_t* tokens_;   // ids, targets, bucket ids, bucket starts, bucket positions
+  float* rope_table_;
+
+  // Host side.
+  static constexpr int kSlots = 2;  // pinned staging slots, so one upload may still be in flight
+  std::array<PinnedHandle, kSlots> pinned_;
+  std::array<EventHandle, kSlots> uploaded_;
+  int slot_ = 0;
+  PinnedHandle loss_host_;
+  std::vector<uint64_t> bucket_scratch_;
+  int64_t num_buckets_ = 0;
+  int64_t B_ = 0, seq_ = 0;  // shape of the last forward
+  bool backward_ready_ = false;
+  int64_t train_tokens_ = 0;
+  std::vector<std::string> fwd_names_, bwd_names_;
+};
+
+template <typename T>
+CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
+    : config_(c), layout_(c), options_(o), device_index_(o.device_index) {
+  validate(c);
+  if (o.max_batch <= 0) usage_error("--batch must be positive (got {})", o.max_batch);
+  if (o.attention != "flash" && o.attention != "simple")
+    usage_error("--attention must be 'flash' or 'simple' (got '{}')", o.attention);
+  int devices = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (o.device_index < 0 || o.device_index >= devices)
+    usage_error("GPU {} does not exist: {} CUDA device(s) visible", o.device_index, devices);
+  TRAINER_CHECK(o.flat_elems >= layout_.total(), "flat buffers of {} elements < layout total {}",
+                o.flat_elems, layout_.total());
+  use_device();
+
+  flat_ = o.flat_elems;
+  d_ = c.d_model;
+  f_ = c.d_ff;
+  V_ = c.vocab;
+  Vp_ = align_up(c.vocab, 8);  // logits rows start 16-byte aligned
+  H_ = c.n_heads;
+  dh_ = c.head_dim();
+  L_ = c.n_layers;
+  n_max_ = o.max_batch * c.ctx;
+  tf32_ = o.precision == Precision::kTf32;
+  // Flash kernels are bf16 only; fp32 and tf32 always use the simple path.
+  flash_ = o.attention == "flash" && std::is_same_v<T, __nv_bfloat16> &&
+           flash_attention_supports(static_cast<int>(dh_));
+  TRAINER_CHECK(n_max_ < (int64_t{1} << 31) && c.ctx < (int64_t{1} << 31),
+                "{} rows per micro-batch", n_max_);
+
+  auto at = [&](const std::string& name, int64_t& off, int& idx) {
+    idx = layout_.index_of(name);
+    off = layout_.tensors()[idx].offset;
+  };
+  at("token_embeddings.weight", off_emb_, i_emb_);
+  at("ln_final.weight", off_lnf_, i_lnf_);
+  at("lm_head.weight", off_head_, i_head_);
+  blocks_.resize(L_);
+  for (int64_t l = 0; l < L_; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    BlockParams& bp = blocks_[l];
+    at(p + "ln1.weight", bp.ln1, bp.i_ln1);
+    at(p + "attn.output_proj.weight", bp.o, bp.i_o);
+    at(p + "ln2.weight", bp.ln2, bp.i_ln2);
+    at(p + "ffn.w2.weight", bp.w2, bp.i_w2);
+    auto group = [&](LinearGroup& gr, std::initializer_list<const char*> names, int64_t d_in,
+                     int64_t d_out) {
+      gr.d_in = d_in;
+      gr.d_out = d_out;
+      for (const char* nm : names) {
+        at(p + nm, gr.offset[gr.count], gr.index[gr.count]);
+        ++gr.count;
+      }
+      gr.fused = true;
+      for (int j = 1; j < gr.count; ++j)
+        gr.fused = gr.fused && gr.offset[j] == gr.offset[j - 1] + d_in * d_out;
+    };
+    // Flat-buffer order (ParamLayout): v, k, q and w3, w1.
+    group(bp.vkq, {"attn.v_proj.weight", "attn.k_proj.weight", "attn.q_proj.weight"}, d_, d_);
+    group(bp.w31, {"ffn.w3.weight", "ffn.w1.weight"}, d_, f_);
+  }
+  for (int64_t l = 0; l < L_; ++l) {
+    fwd_names_.push_back(fmt::format("layer {} fwd", l));
+    bwd_names_.push_back(fmt::format("layer {} bwd", l));
+  }
+
+  // Measure, check that everything fits, then allocate.
+  Carver measure(0);
+  carve(measure);
+  arena_bytes_ = measure.used();
+  const int64_t param_bytes = flat_ * static_cast<int64_t>(sizeof(T));
+  const int64_t grad_bytes = flat_ * 4;
+  // The optimizer state is allocated by the optimizer (fp32 master, m, v: 12 bytes per element);
+  // it is counted here so that a model that cannot train is refused before any work.
+  const int64_t optim_bytes = flat_ * 12;
+  const int64_t work_bytes = static_cast<int64_t>(Matmul::kWorkspaceBytes) + kStagingFloats * 4;
+  const int64_t need = param_bytes + grad_bytes + arena_bytes_ + optim_bytes + work_bytes;
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (need > static_cast<int64_t>(free_bytes))
+    usage_error(
+        "model does not fit: needs {} (params {}, grads {}, activations {}, optimizer {}, "
+        "workspace {}), {} free on GPU {} (reduce --batch or --ctx)",
+        gib(need), gib(param_bytes), gib(grad_bytes), gib(arena_bytes_), gib(optim_bytes),
+        gib(work_bytes), gib(static_cast<double>(free_bytes)), device_index_);
+
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.s, cudaStreamNonBlocking));
+  mm_ = std::make_unique<Matmul>();
+  params_ = DeviceBuffer(DeviceKind::kCuda, dtype_of<T>(), flat_);
+  grads_ = DeviceBuffer(DeviceKind::kCuda, DType::kF32, flat_);
+  arena_ = DeviceBuffer(DeviceKind::kCuda, DType::kF32, arena_bytes_ / 4);  // zero-filled
+  if (std::is_same_v<T, __nv_bfloat16>)
+    staging_ = DeviceBuffer(DeviceKind::kCuda, DType::kF32, kStagingFloats);
+  Carver real(reinterpret_cast<uintptr_t>(arena_.view().data));
+  carve(real);
+  TRAINER_CHECK(real.used() == arena_bytes_, "arena carve changed: {} vs {}", real.used(),
+                arena_bytes_);
+
+  const std::vector<float> table = rope_table(c.ctx, dh_, kRopeTheta);
+  CUDA_CHECK(
+      cudaMemcpy(rope_table_, table.data(), table.size() * sizeof(float), cudaMemcpyHostToDevice));
+  const size_t slot_bytes = static_cast<size_t>(5 * n_max_ + 1) * sizeof(int32_t);
+  for (int s = 0; s < kSlots; ++s) {
+    CUDA_CHECK(cudaHostAlloc(&pinned_[s].p, slot_bytes, cudaHostAllocDefault));
+    CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_[s].e, cudaEventDisableTiming));
+  }
+  CUDA_CHECK(cudaHostAlloc(&loss_host_.p, 2 * sizeof(double), cudaHostAllocDefault));
+  bucket_scratch_.reserve(static_cast<size_t>(n_max_));
+  // The zero fills and the table upload above ran on the legacy default stream, which the
+  // non-blocking compute stream does not wait for.
+  CUDA_CHECK(cudaDeviceSynchronize());
+
+  spdlog::info(
+      "CUDA replica on GPU {}: {} weights, {} attention, activations {} for {} x {}", device_index_,
+      std::is_same_v<T, float> ? (tf32_ ? "fp32 (tf32 matmuls)" : "fp32") : "bf16",
+      flash_ ? "flash" : "simple", gib(static_cast<double>(arena_bytes_)), o.max_batch, c.ctx);
+}
+
+template <typename T>
+CudaReplica<T>::~CudaReplica() {
+  // Finish queued work before buffers go away; errors cannot be reported from here.
+  if (stream_.s) cudaStreamSynchronize(stream_.s);
+}
+
+template <typename T>
+void CudaReplica<T>::carve(Carver& cv) {
+  const int64_t n = n_max_, d = d_, f = f_;
+  const int64_t bht = options_.max_batch * H_ * config_.ctx;  // rows of attention scores
+  resid_.assign(L_ + 1, nullptr);
+  for (auto& r : resid_) r = cv.take<T>(n * d);
+  acts_.assign(L_, BlockActs{});
+  for (BlockActs& a : acts_) {
+    a.ln1 = cv.take<T>(n * d);
+    a.rstd1 = cv.take<float>(n);
+    a.q = cv.take<T>(n * d);
+    a.k = cv.take<T>(n * d);
+    a.v = cv.take<T>(n * d);
+    a.probs = flash_ ? nullptr : cv.take<T>(bht * config_.ctx);
+    a.lse = flash_ ? cv.take<float>(bht) : nullptr;
+    a.att = cv.take<T>(n * d);
+    a.h = cv.take<T>(n * d);
+    a.ln2 = cv.take<T>(n * d);
+    a.rstd2 = cv.take<float>(n);
+    a.ba = cv.take<T>(n * 2 * f);
+    a.g = cv.take<T>(n * f);
+  }
+  lnf_ = cv.take<T>(n * d);
+  rstdf_ = cv.take<float>(n);
+  logits_ = cv.take<T>(n * Vp_);
+  losses_ = cv.take<float>(n);
+  vkq_ = cv.take<T>(n * 3 * d);
+  dq_ = cv.take<T>(n * d);
+  dk_ = cv.take<T>(n * d);
+  dv_ = cv.take<T>(n * d);
+  if (flash_) {
+    attn_hm_ = nullptr;
+    scores_ = nullptr;
+    flash_ws_ = cv.take<char>(static_cast<int64_t>(flash_attention_backward_workspace_bytes(
+        static_cast<int>(options_.max_batch), static_cast<int>(config_.ctx), static_cast<int>(H_),
+        static_cast<int>(dh_))));
+  } else {
+    attn_hm_ = cv.take<T>(n * d);
+    scores_ = cv.take<float>(bht * config_.ctx);
+    flash_ws_ = nullptr;
+  }
+  dres_ = cv.take<T>(n * d);
+  dln_ = cv.take<T>(n * d);
+  dg_ = cv.take<T>(n * f);
+  rms_partial_ = cv.take<float>(rmsnorm_backward_partial_floats(d));
+  rms_counters_ = cv.take<unsigned>(rmsnorm_backward_counters(d));
+  ce_counter_ = cv.take<unsigned>(1);
+  loss_sum_ = cv.take<double>(2);
+  tokens_ = cv.take<int32_t>(5 * n + 1);
+  rope_table_ = cv.take<float>(config_.ctx * dh_);
+}
+
+template <typename T>
+void CudaReplica<T>::check_batch(const MicroBatch& mb) const {
+  TRAINER_CHECK(mb.inputs != nullptr && mb.targets != nullptr, "forward needs inputs and targets");
+  if (mb.batch <= 0 || mb.batch > options_.max_batch)
+    usage_error("micro-batch of {} sequences does not fit the model's buffers for 1..{} (--batch)",
+                mb.batch, options_.max_batch);
+  if (mb.seq <= 0 || mb.seq > config_.ctx)
+    usage_error("sequence length {} is outside 1..{} (--ctx)", mb.seq, config_.ctx);
+  const int64_t n = mb.batch * mb.seq;
+  for (int64_t i = 0; i < n; ++i) {
+    if (mb.inputs[i] < 0 || mb.inputs[i] >= V_)
+      usage_error(
+          "input token id {} at row {} position {} is outside the vocabulary 0..{} (--vocab)",
+          mb.inputs[i], i / mb.seq, i % mb.seq, V_ - 1);
+    if (mb.targets[i] < 0 || mb.targets[i] >= V_)
+      usage_error(
+          "target token id {} at row {} position {} is outside the vocabulary 0..{} (--vocab)",
+          mb.targets[i], i / mb.seq, i % mb.seq, V_ - 1);
+  }
+}
+
+// Copies ids and targets (and, for training, the embedding-gradient buckets) into a pinned slot
+// and uploads them on the stream. The slot's previous upload must have finished before the host
+// overwrites it; with two slots that wait is almost always already over.
+template <typename T>
+void CudaReplica<T>::stage_tokens(const MicroBatch& mb, bool buckets) {
+  const int64_t n = mb.batch * mb.seq;
+  slot_ = (slot_ + 1) % kSlots;
+  CUDA_CHECK(cudaEventSynchronize(uploaded_[slot_].e));
+  auto* host = static_cast<int32_t*>(pinned_[slot_].p);
+  std::memcpy(host, mb.inputs, n * sizeof(int32_t));
+  std::memcpy(host + n, mb.targets, n * sizeof(int32_t));
+  int64_t count = 2 * n;
+  if (buckets) {
+    num_buckets_ = build_embedding_buckets(mb.inputs, n, bucket_scratch_, host + 2 * n,
+                                           host + 3 * n, host + 4 * n + 1);
+    count = 5 * n + 1;
+  }
+  CUDA_CHECK(
+      cudaMemcpyAsync(tokens_, host, count * sizeof(int32_t), cudaMemcpyHostToDevice, stream_.s));
+  CUDA_CHECK(cudaEventRecord(uploaded_[slot_].e, stream_.s));
+}
+
+template <typename T>
+void CudaReplica<T>::linear_forward(const T* x, const T* W, T* y, int64_t ldy, int64_t n,
+                                    int64_t d_in, int64_t d_out, const T* resid) {
+  Gemm g;
+  g.trans_b = true;
+  g.m = n;
+  g.n = d_out;
+  g.k = d_in;
+  g.a = x;
+  g.lda = d_in;
+  g.b = W;
+  g.ldb = d_in;
+  g.d = y;
+  g.ldd = ldy;
+  if (resid) {
+    g.c = resid;
+    g.ldc = ldy;
+    g.beta = 1.0f;
+  }
+  g.ab_type = g.cd_type = dtype_of<T>();
+  g.tf32 = tf32_;
+  mm_->run(g, stream_.s);
+}
+
+template <typename T>
+void CudaReplica<T>::linear_backward_data(const T* dy, int64_t ldy, const T* W, T* dx, int64_t n,
+                                          int64_t d_in, int64_t d_out, float alpha,
+                                          bool accumulate) {
+  Gemm g;
+  g.m = n;
+  g.n = d_in;
+  g.k = d_out;
+  g.a = dy;
+  g.lda = ldy;
+  g.b = W;
+  g.ldb = d_in;
+  g.d = dx;
+  g.ldd = d_in;
+  g.alpha = alpha;
+  g.beta = accumulate ? 1.0f : 0.0f;
+  g.ab_type = g.cd_type = dtype_of<T>();
+  g.tf32 = tf32_;
+  mm_->run(g, stream_.s);
+}
+
+template <typename T>
+void CudaReplica<T>::linear_backward_weight(const T* dy, int64_t ldy, const T* x, float* dW,
+                                            int64_t n, int64_t d_in, int64_t d_out, float alpha) {
+  Gemm g;
+  g.trans_a = true;
+  g.m = d_out;
+  g.n = d_in;
+  g.k = n;
+  g.a = dy;
+  g.lda = ldy;
+  g.b = x;
+  g.ldb = d_in;
+  g.d = dW;
+  g.ldd = d_in;
+  g.alpha = alpha;
+  g.beta = 1.0f;  // gradients accumulate over micro-batches
+  g.ab_type = dtype_of<T>();
+  g.cd_type = DType::kF32;
+  g.tf32 = tf32_;
+  mm_->run(g, stream_.s);
+}
+
+template <typename T>
+void CudaReplica<T>::group_forward(const LinearGroup& gr, const T* x, T* y, int64_t n) {
+  const int64_t ldy = gr.count * gr.d_out;
+  if (gr.fused) {
+    linear_forward(x, P(gr.offset[0]), y, ldy, n, gr.d_in, ldy);
+    return;
+  }
+  for (int j = 0; j < gr.count; ++j)
+    linear_forward(x, P(gr.offset[j]), y + j * gr.d_out, ldy, n, gr.d_in, gr.d_out);
+}
+
+// Weight gradients first (each reported ready as soon as it is enqueued), then the input
+// gradient dx = sum_j dy_j W_j.
+template <typename T>
+void CudaReplica<T>::group_backward(const LinearGroup& gr, const T* x, const T* dy, T* dx,
+                                    int64_t n, const GradReadyFn& ready) {
+  const int64_t ldy = gr.count * gr.d_out;
+  if (gr.fused) {
+    linear_backward_weight(dy, ldy, x, G(gr.offset[0]), n, gr.d_in, ldy, 1.0f);
+    for (int j = 0; j < gr.count; ++j)
+      if (ready) ready(gr.index[j]);
+    linear_backward_data(dy, ldy, P(gr.offset[0]), dx, n, gr.d_in, ldy, 1.0f, false);
+    return;
+  }
+  for (int j = 0; j < gr.count; ++j) {
+    linear_backward_weight(dy + j * gr.d_out, ldy, x, G(gr.offset[j]), n, gr.d_in, gr.d_out, 1.0f);
+    if (ready) ready(gr.index[j]);
+  }
+  for (int j = 0; j < gr.count; ++j)
+    linear_backward_data(dy + j * gr.d_out, ldy, P(gr.offset[j]), dx, n, gr.d_in, gr.d_out, 1.0f,
+                         j > 0);
+}
+
+template <typename T>
+void CudaReplica<T>::attention_layer_forward(BlockActs& a, int64_t B, int64_t seq) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (flash_) {
+      flash_attention_forward(a.q, a.k, a.v, a.att, a.lse, static_cast<int>(B),
+                              static_cast<int>(seq), static_cast<int>(H_), static_cast<int>(dh_),
+                              stream_.s);
+      return;
+    }
+  }
+  attention_forward(*mm_, a.q, a.k, a.v, a.probs, a.att, scores_, attn_hm_, B, seq, H_, dh_, tf32_,
+                    stream_.s);
+}
+
+template <typename T>
+void CudaReplica<T>::attention_layer_backward(BlockActs& a, const T* datt, int64_t B, int64_t seq) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (flash_) {
+      flash_attention_backward(a.q, a.k, a.v, a.att, datt, a.lse, dq_, dk_, dv_, flash_ws_,
+                               static_cast<int>(B), static_cast<int>(seq), static_cast<int>(H_),
+                               static_cast<int>(dh_), stream_.s);
+      return;
+    }
+  }
+  attention_backward(*mm_, a.q, a.k, a.v, a.probs, datt, dq_, dk_, dv_, scores_, attn_hm_, B, seq,
+                     H_, dh_, tf32_, stream_.s);
+}
+
+template <typename T>
+void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training) {
+  const int64_t n = B * seq, d = d_, f = f_;
+  const int32_t* ids = tokens_;
+  const int32_t* targets = tokens_ + n;
+  cudaStream_t s = stream_.s;
+  const QkvLayout qkv_layout = flash_ ? QkvLayout::kTokenMajor : QkvLayout::kHeadMajor;
+  NvtxRange range("forward");
+  embedding_forward(ids, P(off_emb_), resid_[0], n, d, s);
+  for (int64_t l = 0; l < L_; ++l) {
+    NvtxRange layer_range(fwd_names_[l].c_str());
+    const BlockParams& p = blocks_[l];
+    BlockActs& a = acts_[l];
+    // Attention half.
+    rmsnorm_forward(resid_[l], P(p.ln1), a.ln1, a.rstd1, n, d, kRmsEps, s);
+    group_forward(p.vkq, a.ln1, vkq_, n);
+    RopeJobs<T> jobs;
+    jobs.add(vkq_ + 2 * d, a.q, true);
+    jobs.add(vkq_ + d, a.k, true);
+    jobs.add(vkq_, a.v, false);
+    rope(jobs, QkvLayout::kTokenMajor, 3 * d, qkv_layout, d, B, seq, H_, dh_, rope_table_, false,
+         s);
+    attention_layer_forward(a, B, seq);
+    linear_forward(a.att, P(p.o), a.h, d, n, d, d, resid_[l]);  // h = x + att Wo^T
+    // Feed-forward half.
+    rmsnorm_forward(a.h, P(p.ln2), a.ln2, a.rstd2, n, d, kRmsEps, s);
+    group_forward(p.w31, a.ln2, a.ba, n);
+    swiglu_forward(a.ba + f, a.ba, 2 * f, a.g, n, f, s);
+    linear_forward(a.g, P(p.w2), resid_[l + 1], d, n, f, d, a.h);  // x' = h + g W2^T
+  }
+  NvtxRange head_range("lm_head+loss");
+  rmsnorm_forward(resid_[L_], P(off_lnf_), lnf_, rstdf_, n, d, kRmsEps, s);
+  linear_forward(lnf_, P(off_head_), logits_, Vp_, n, d, V_);
+  if (training)
+    cross_entropy_forward_backward(logits_, Vp_, targets, losses_, loss_sum_, ce_counter_, n, V_,
+                                   1.0f, s);
+  else
+    cross_entropy_forward(logits_, Vp_, targets, losses_, loss_sum_ + 1, ce_counter_, n, V_, s);
+}
+
+template <typename T>
+void CudaReplica<T>::forward(const MicroBatch& mb) {
+  use_device();
+  check_batch(mb);
+  stage_tokens(mb, true);
+  run_forward(mb.batch, mb.seq, true);
+  B_ = mb.batch;
+  seq_ = mb.seq;
+  train_tokens_ += mb.batch * mb.seq;
+  backward_ready_ = true;
+}
+
+template <typename T>
+float CudaReplica<T>::take_loss() {
+  TRAINER_CHECK(train_tokens_ > 0, "take_loss() with no forward since the last call");
+  use_device();
+  auto* host = static_cast<double*>(loss_host_.p);
+  CUDA_CHECK(cudaMemcpyAsync(host, loss_sum_, sizeof(double), cudaMemcpyDeviceToHost, stream_.s));
+  CUDA_CHECK(cudaMemsetAsync(loss_sum_, 0, sizeof(double), stream_.s));
+  CUDA_CHECK(cudaStreamSynchronize(stream_.s));
+  const double mean = host[0] / static_cast<double>(train_tokens_);
+  train_tokens_ = 0;
+  return static_cast<float>(mean);
+}
+
+template <typename T>
+float CudaReplica<T>::evaluate(const MicroBatch& mb) {
+  use_device();
+  check_batch(mb);
+  // The evaluation forward reuses the activation buffers: a later backward has nothing to use.
+  backward_ready_ = false;
+  stage_tokens(mb, false);
+  run_forward(mb.batch, mb.seq, false);
+  auto* host = static_cast<double*>(loss_host_.p);
+  CUDA_CHECK(
+      cudaMemcpyAsync(host + 1, loss_sum_ + 1, sizeof(double), cudaMemcpyDeviceToHost, stream_.s));
+  CUDA_CHECK(cudaMemsetAsync(loss_sum_ + 1, 0, sizeof(double), stream_.s));
+  CUDA_CHECK(cudaStreamSynchronize(stream_.s));
+  return static_cast<float>(host[1] / static_cast<double>(mb.batch * mb.seq));
+}
+
+// Backward in the reverse order of forward; dres_ carries d(loss)/d(residual stream), and each
+// RMSNorm backward adds its input gradient into it (the skip connections pass it through as is).
+// `ready` is called for tensor i right after the last kernel writing its gradient is enqueued;
+// the caller orders its collectives after that point through an event on stream().
+template <typename T>
+void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
+  // evaluate() and an earlier backward (which overwrites P, dlogits' consumers and the gate
+  // inputs in place) leave nothing to backpropagate.
+  TRAINER_CHECK(backward_ready_,
+                "backward without a training forward since the last evaluate or backward");
+  backward_ready_ = false;
+  use_device();
+  const int64_t B = B_, seq = seq_, n = B * seq, d = d_, f = f_;
+  cudaStream_t s = stream_.s;
+  const QkvLayout qkv_layout = flash_ ? QkvLayout::kTokenMajor : QkvLayout::kHeadMajor;
+  const RmsnormScratch rms{rms_partial_, rms_counters_};
+  auto done = [&](int index) {
+    if (ready) ready(index);
+  };
+  NvtxRange range("backward");
+  {
+    // logits_ holds softmax - onehot; scale enters as the matmuls' alpha.
+    NvtxRange head_range("lm_head+loss");
+    linear_backward_weight(logits_, Vp_, lnf_, G(off_head_), n, d, V_, scale);
+    done(i_head_);
+    linear_backward_data(logits_, Vp_, P(off_head_), dln_, n, d, V_, scale, false);
+    rmsnorm_backward(resid_[L_], P(off_lnf_), rstdf_, dln_, dres_, false, G(off_lnf_), n, d, rms,
+                     s);
+    done(i_lnf_);
+  }
+  for (int64_t l = L_ - 1; l >= 0; --l) {
+    NvtxRange layer_range(bwd_names_[l].c_str());
+    const BlockParams& p = blocks_[l];
+    BlockActs& a = acts_[l];
+    // Feed-forward half: dg = dx' W2, gate backward into [db | da] (over ba), dln2.
+    linear_backward_weight(dres_, d, a.g, G(p.w2), n, f, d, 1.0f);
+    done(p.i_w2);
+    linear_backward_data(dres_, d, P(p.w2), dg_, n, f, d, 1.0f, false);
+    swiglu_backward(a.ba + f, a.ba, 2 * f, dg_, a.ba + f, a.ba, 2 * f, n, f, s);
+    group_backward(p.w31, a.ln2, a.ba, dln_, n, ready);
+    rmsnorm_backward(a.h, P(p.ln2), a.rstd2, dln_, dres_, true, G(p.ln2), n, d, rms, s);
+    done(p.i_ln2);  // dres_ is now dL/dh
+    // Attention half: datt = dh Wo (into dln_, free again), attention and RoPE backward, dln1.
+    linear_backward_weight(dres_, d, a.att, G(p.o), n, d, d, 1.0f);
+    done(p.i_o);
+    T* datt = dln_;
+    linear_backward_data(dres_, d, P(p.o), datt, n, d, d, 1.0f, false);
+    attention_layer_backward(a, datt, B, seq);
+    RopeJobs<T> jobs;
+    jobs.add(dq_, vkq_ + 2 * d, true);
+    jobs.add(dk_, vkq_ + d, true);
+    jobs.add(dv_, vkq_, false);
+    rope(jobs, qkv_layout, d, QkvLayout::kTokenMajor, 3 * d, B, seq, H_, dh_, rope_table_, true, s);
+    group_backward(p.vkq, a.ln1, vkq_, dln_, n, ready);
+    rmsnorm_backward(resid_[l], P(p.ln1), a.rstd1, dln_, dres_, true, G(p.ln1), n, d, rms, s);
+    done(p.i_ln1);  // dres_ is now dL/dx of this block's input
+  }
+  const int32_t* bucket_ids = tokens_ + 2 * n;
+  embedding_backward(dres_, bucket_ids, tokens_ + 3 * n, tokens_ + 4 * n + 1, num_buckets_,
+                     G(off_emb_), d, s);
+  done(i_emb_);
+}
+
+template <typename T>
+void CudaReplica<T>::zero_grads() {
+  use_device();
+  CUDA_CHECK(cudaMemsetAsync(grads_.view().data, 0, grads_.bytes(), stream_.s));
+}
+
+template <typename T>
+void CudaReplica<T>::set_params(const float* host) {
+  TRAINER_CHECK(host != nullptr, "set_params: null source");
+  use_device();
+  if constexpr (std::is_same_v<T, float>) {
+    CUDA_CHECK(cudaMemcpyAsync(params_.view().data, host, flat_ * sizeof(float),
+                               cudaMemcpyHostToDevice, stream_.s));
+  } else {
+    // fp32 chunks through the device staging buffer, rounded to bf16 on the device. Stream order
+    // keeps a chunk's copy behind the previous chunk's cast.
+    float* stage = staging_.as<float>();
+    for (int64_t off = 0; off < flat_; off += kStagingFloats) {
+      const int64_t count = std::min(kStagingFloats, flat_ - off);
+      CUDA_CHECK(cudaMemcpyAsync(stage, host + off, count * sizeof(float), cudaMemcpyHostToDevice,
+                                 stream_.s));
+      cast(stage, params_.as<T>() + off, count, stream_.s);
+    }
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_.s));
+}
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<Replica> make_cuda_replica(const ModelConfig& c, const ReplicaOptions& o) {
+  if (o.precision == Precision::kBf16)
+    return std::make_unique<cuda::CudaReplica<__nv_bfloat16>>(c, o);
+  return std::make_unique<cuda::CudaReplica<float>>(c, o);
+}
+
+}  // namespace trainer

@@ -1,0 +1,40 @@
+// Token embedding, forward and backward (host-callable launchers; kernels in embedding.cu).
+//
+//   forward:  out[i, :] = table[ids[i], :]                         (overwrites out)
+//   backward: dtable[v, :] += sum over {i : ids[i] == v} of dout[i, :]   (accumulates, fp32)
+//
+// The backward is deterministic without atomics: the host groups the positions of the
+// micro-batch by token id (it has the ids anyway, before uploading them), and one thread block
+// column sums each group in increasing position order.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace trainer::cuda {
+
+// Groups the n ids by value on the host, O(n log n): group g holds token ids_out[g] at positions
+// positions_out[start_out[g] .. start_out[g+1]) in ascending order. ids_out and positions_out hold
+// n entries, start_out n + 1; `scratch` is reused between calls so that no step allocates.
+// Returns the number of groups.
+int64_t build_embedding_buckets(const int32_t* ids, int64_t n, std::vector<uint64_t>& scratch,
+                                int32_t* ids_out, int32_t* start_out, int32_t* positions_out);
+
+void embedding_forward(const int32_t* ids, const float* table, float* out, int64_t n, int64_t d,
+                       cudaStream_t stream);
+void embedding_forward(const int32_t* ids, const __nv_bfloat16* table, __nv_bfloat16* out,
+                       int64_t n, int64_t d, cudaStream_t stream);
+
+// bucket_ids / bucket_start / positions: device copies of build_embedding_buckets' output with
+// num_buckets groups; dout (n, d); dtable (vocab, d) fp32.
+void embedding_backward(const float* dout, const int32_t* bucket_ids, const int32_t* bucket_start,
+                        const int32_t* positions, int64_t num_buckets, float* dtable, int64_t d,
+                        cudaStream_t stream);
+void embedding_backward(const __nv_bfloat16* dout, const int32_t* bucket_ids,
+                        const int32_t* bucket_start, const int32_t* positions, int64_t num_buckets,
+                        float* dtable, int64_t d, cudaStream_t stream);
+
+}  // namespace trainer::cuda

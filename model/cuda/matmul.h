@@ -1,0 +1,74 @@
+// cuBLASLt matrix multiplication in the row-major convention of the rest of the model.
+//
+//   D[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C[m, n]      (per batch entry)
+//
+// Every matrix is row-major with a row stride (ld). cuBLASLt is column-major, and a row-major X
+// is the column-major X^T, so the call computes D^T = op(B)^T op(A)^T: A and B swap places and
+// m and n swap roles; no data moves. C may differ from D (e.g. the residual add fused into the
+// output projection: D = x W^T + resid).
+//
+// Precision modes: fp32 A/B/C/D with CUBLAS_COMPUTE_32F (true fp32, no TF32), the same with
+// tf32 = true (CUBLAS_COMPUTE_32F_FAST_TF32), or bf16 A/B with bf16 or fp32 C/D and fp32
+// accumulation (CUBLAS_COMPUTE_32F). The algorithm of each distinct problem (shape, strides,
+// types, pointer alignments) is chosen once with cublasLtMatmulAlgoGetHeuristic and cached with
+// its descriptors, so repeated calls do no host-side set-up and never allocate on the device.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/buffer.h"
+#include "core/device_buffer.h"
+
+namespace trainer::cuda {
+
+struct Gemm {
+  bool trans_a = false;  // op(A) = A^T, A stored (k, m)
+  bool trans_b = false;  // op(B) = B^T, B stored (n, k)
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  const void* c = nullptr;  // nullptr: C is D (beta != 0 then accumulates into D)
+  int64_t ldc = 0;
+  void* d = nullptr;
+  int64_t ldd = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  int64_t batch = 1;  // strided batch: entry i starts i * stride_x elements after entry 0
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0, stride_d = 0;
+  DType ab_type = DType::kF32;  // kF32 or kBF16
+  DType cd_type = DType::kF32;  // kF32, or kBF16 with bf16 A/B
+  bool tf32 = false;            // fp32 A/B only: let the tensor cores round inputs to TF32
+};
+
+// One-line description of a problem, for error messages.
+std::string describe(const Gemm& g);
+
+class Matmul {
+ public:
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+  // Creates the cuBLASLt handle and the workspace on the current CUDA device.
+  Matmul();
+  ~Matmul();
+  Matmul(const Matmul&) = delete;
+  Matmul& operator=(const Matmul&) = delete;
+
+  // Enqueues the product on `stream`. Throws RuntimeError naming the call and the problem when
+  // cuBLASLt rejects it or has no algorithm for it.
+  void run(const Gemm& g, cudaStream_t stream);
+
+  // Number of distinct problems planned so far.
+  size_t plans() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainer::cuda

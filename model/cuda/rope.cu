@@ -1,0 +1,138 @@
+// RoPE and attention-operand layout changes (see rope.cuh for the math).
+#include <cmath>
+
+#include "model/cuda/common.cuh"
+#include "model/cuda/rope.cuh"
+
+namespace trainer::cuda {
+namespace {
+
+// forward:  (x0, x1) -> (x0 c - x1 s, x0 s + x1 c)
+// backward: (g0, g1) -> (g0 c + g1 s, -g0 s + g1 c)   (the same with s negated)
+// One thread moves kV consecutive channels (kV/2 pairs, never straddling a head) of one row of
+// one job; blockIdx.y selects the job. Position t = row % T.
+template <typename T, int kV>
+__global__ void rope_kernel(RopeJobs<T> jobs, bool in_head_major, int64_t ld_in,
+                            bool out_head_major, int64_t ld_out, int64_t n, int T_, int H, int dh,
+                            const float2* __restrict__ table, bool inverse) {
+  const int job = blockIdx.y;
+  const int d = H * dh;
+  const int chunks = d / kV;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n * chunks) return;
+  const int64_t row = idx / chunks;
+  const int c = static_cast<int>(idx % chunks) * kV;
+  const int64_t b = row / T_;
+  const int t = static_cast<int>(row % T_);
+  const int h = c / dh, e = c % dh;
+  const int64_t hm = ((b * H + h) * T_ + t) * dh + e;  // head-major offset
+  const int64_t src = in_head_major ? hm : row * ld_in + c;
+  const int64_t dst = out_head_major ? hm : row * ld_out + c;
+  Pack<T, kV> x = load_pack<kV>(jobs.in[job] + src);
+  if (jobs.rotate[job]) {
+    const float2* cs = table + static_cast<int64_t>(t) * (dh / 2) + e / 2;
+#pragma unroll
+    for (int p = 0; p < kV / 2; ++p) {
+      const float2 w = cs[p];
+      const float co = w.x, si = inverse ? -w.y : w.y;
+      const float x0 = to_float(x.v[2 * p]), x1 = to_float(x.v[2 * p + 1]);
+      x.v[2 * p] = from_float<T>(x0 * co - x1 * si);
+      x.v[2 * p + 1] = from_float<T>(x0 * si + x1 * co);
+    }
+  }
+  store_pack<kV>(jobs.out[job] + dst, x);
+}
+
+template <typename T>
+void rope_impl(const RopeJobs<T>& jobs, QkvLayout in_layout, int64_t ld_in, QkvLayout out_layout,
+               int64_t ld_out, int64_t B, int64_t T_, int64_t H, int64_t dh, const float* table,
+               bool inverse, cudaStream_t stream) {
+  const int64_t d = H * dh, n = B * T_;
+  const bool in_hm = in_layout == QkvLayout::kHeadMajor;
+  const bool out_hm = out_layout == QkvLayout::kHeadMajor;
+  TRAINER_CHECK(jobs.count >= 0 && jobs.count <= 3, "rope: {} jobs", jobs.count);
+  TRAINER_CHECK(B >= 0 && T_ > 0 && H > 0 && dh > 0 && dh % 2 == 0 && d < (1 << 30),
+                "rope: B {} T {} H {} head_dim {}", B, T_, H, dh);
+  TRAINER_CHECK((in_hm || ld_in >= d) && (out_hm || ld_out >= d),
+                "rope: row strides {} / {} below d {}", ld_in, ld_out, d);
+  bool any_rotate = false;
+  for (int j = 0; j < jobs.count; ++j) {
+    TRAINER_CHECK(jobs.in[j] && jobs.out[j], "rope: null pointer in job {}", j);
+    any_rotate = any_rotate || jobs.rotate[j];
+  }
+  TRAINER_CHECK(!any_rotate || table, "rope: rotation without a cos/sin table");
+  if (n == 0 || jobs.count == 0) return;
+  // 16-byte packs when every row start and head boundary allows it, else one pair per thread.
+  bool wide =
+      dh % kPack<T> == 0 && (in_hm || ld_in % kPack<T> == 0) && (out_hm || ld_out % kPack<T> == 0);
+  for (int j = 0; j < jobs.count; ++j)
+    wide = wide && vector_width<T>({jobs.in[j], jobs.out[j]}, {}) == kPack<T>;
+  const int vec = wide ? kPack<T> : 2;
+  const int threads = 256;
+  const dim3 grid(static_cast<unsigned>(ceil_div(n * (d / vec), threads)),
+                  static_cast<unsigned>(jobs.count));
+  const auto* t2 = reinterpret_cast<const float2*>(table);
+  const int Ti = static_cast<int>(T_), Hi = static_cast<int>(H), dhi = static_cast<int>(dh);
+  if (wide)
+    rope_kernel<T, kPack<T>><<<grid, threads, 0, stream>>>(jobs, in_hm, ld_in, out_hm, ld_out, n,
+                                                           Ti, Hi, dhi, t2, inverse);
+  else
+    rope_kernel<T, 2><<<grid, threads, 0, stream>>>(jobs, in_hm, ld_in, out_hm, ld_out, n, Ti, Hi,
+                                                    dhi, t2, inverse);
+  CUDA_CHECK_LAUNCH("rope_kernel");
+}
+
+template <typename T>
+void relayout(const T* in, T* out, QkvLayout from, QkvLayout to, int64_t B, int64_t T_, int64_t H,
+              int64_t dh, cudaStream_t stream) {
+  RopeJobs<T> jobs;
+  jobs.add(in, out, false);
+  rope_impl(jobs, from, H * dh, to, H * dh, B, T_, H, dh, nullptr, false, stream);
+}
+
+}  // namespace
+
+std::vector<float> rope_table(int64_t ctx, int64_t head_dim, double theta) {
+  TRAINER_CHECK(ctx > 0 && head_dim > 0 && head_dim % 2 == 0, "rope_table: ctx {} head_dim {}", ctx,
+                head_dim);
+  const int64_t half = head_dim / 2;
+  std::vector<float> table(static_cast<size_t>(2 * ctx * half));
+  for (int64_t j = 0; j < half; ++j) {
+    const double freq = std::pow(theta, -2.0 * static_cast<double>(j) / head_dim);
+    for (int64_t t = 0; t < ctx; ++t) {
+      table[2 * (t * half + j)] = static_cast<float>(std::cos(static_cast<double>(t) * freq));
+      table[2 * (t * half + j) + 1] = static_cast<float>(std::sin(static_cast<double>(t) * freq));
+    }
+  }
+  return table;
+}
+
+void rope(const RopeJobs<float>& jobs, QkvLayout in_layout, int64_t ld_in, QkvLayout out_layout,
+          int64_t ld_out, int64_t B, int64_t T, int64_t H, int64_t head_dim, const float* table,
+          bool inverse, cudaStream_t stream) {
+  rope_impl(jobs, in_layout, ld_in, out_layout, ld_out, B, T, H, head_dim, table, inverse, stream);
+}
+void rope(const RopeJobs<__nv_bfloat16>& jobs, QkvLayout in_layout, int64_t ld_in,
+          QkvLayout out_layout, int64_t ld_out, int64_t B, int64_t T, int64_t H, int64_t head_dim,
+          const float* table, bool inverse, cudaStream_t stream) {
+  rope_impl(jobs, in_layout, ld_in, out_layout, ld_out, B, T, H, head_dim, table, inverse, stream);
+}
+
+void heads_to_head_major(const float* in, float* out, int64_t B, int64_t T, int64_t H,
+                         int64_t head_dim, cudaStream_t stream) {
+  relayout(in, out, QkvLayout::kTokenMajor, QkvLayout::kHeadMajor, B, T, H, head_dim, stream);
+}
+void heads_to_head_major(const __nv_bfloat16* in, __nv_bfloat16* out, int64_t B, int64_t T,
+                         int64_t H, int64_t head_dim, cudaStream_t stream) {
+  relayout(in, out, QkvLayout::kTokenMajor, QkvLayout::kHeadMajor, B, T, H, head_dim, stream);
+}
+void heads_to_token_major(const float* in, float* out, int64_t B, int64_t T, int64_t H,
+                          int64_t head_dim, cudaStream_t stream) {
+  relayout(in, out, QkvLayout::kHeadMajor, QkvLayout::kTokenMajor, B, T, H, head_dim, stream);
+}
+void heads_to_token_major(const __nv_bfloat16* in, __nv_bfloat16* out, int64_t B, int64_t T,
+                          int64_t H, int64_t head_dim, cudaStream_t stream) {
+  relayout(in, out, QkvLayout::kHeadMajor, QkvLayout::kTokenMajor, B, T, H, head_dim, stream);
+}
+
+}  // namespace trainer::cuda

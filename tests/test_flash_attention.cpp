@@ -1,0 +1,292 @@
+// GPU test of the FlashAttention-2 kernels: output, lse, dQ, dK and dV against a float64 CPU
+// reference of causal softmax attention, on random bf16 inputs, for every supported head dim and
+// sequence lengths that exercise single tiles, tails and many tiles. Outputs are poisoned with
+// 0xFF bytes (NaN) before every run, so anything the kernels fail to write shows up.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "model/cuda/flash_attention.h"
+#include "tests/catch.h"
+
+namespace {
+
+using trainer::cuda::flash_attention_backward;
+using trainer::cuda::flash_attention_backward_workspace_bytes;
+using trainer::cuda::flash_attention_forward;
+using trainer::cuda::flash_attention_supports;
+
+// bf16 <-> float by bit manipulation (round to nearest even), independent of the CUDA headers.
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float from_bf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Owning device allocation.
+struct DeviceMem {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  explicit DeviceMem(size_t n) : bytes(n) { CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1))); }
+  ~DeviceMem() { cudaFree(ptr); }
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+  void poison() const { CUDA_CHECK(cudaMemset(ptr, 0xFF, bytes)); }
+};
+
+struct Reference {
+  std::vector<double> o, lse, dq, dk, dv;
+};
+
+// Straightforward float64 causal attention and its gradient for (B, T, H*D) inputs:
+//   S = q k^T / sqrt(D) (j <= i), P = softmax(S), o = P v, lse = log sum exp S,
+//   dP = dO v^T, dS = P o (dP - rowsum(dO o o)), dq = dS k / sqrt(D), dk = dS^T q / sqrt(D),
+//   dv = P^T dO.
+Reference reference_attention(const std::vector<float>& q, const std::vector<float>& k,
+                              const std::vector<float>& v, const std::vector<float>& dout, int B,
+                              int T, int H, int D) {
+  Reference r;
+  const size_t n = static_cast<size_t>(B) * T * H * D;
+  r.o.assign(n, 0.0);
+  r.dq.assign(n, 0.0);
+  r.dk.assign(n, 0.0);
+  r.dv.assign(n, 0.0);
+  r.lse.assign(static_cast<size_t>(B) * H * T, 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const size_t ld = static_cast<size_t>(H) * D;
+  std::vector<double> p(T), ds(T);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < H; ++h) {
+      auto row = [&](int t) {
+        return (static_cast<size_t>(b) * T + t) * ld + static_cast<size_t>(h) * D;
+      };
+      for (int i = 0; i < T; ++i) {
+        const size_t ri = row(i);
+        double mx = -INFINITY;
+        for (int j = 0; j <= i; ++j) {
+          const size_t rj = row(j);
+          double s = 0.0;
+          for (int c = 0; c < D; ++c) s += static_cast<double>(q[ri + c]) * k[rj + c];
+          p[j] = s * scale;
+          mx = std::max(mx, p[j]);
+        }
+        double l = 0.0;
+        for (int j = 0; j <= i; ++j) l += std::exp(p[j] - mx);
+        const double lse = mx + std::log(l);
+        r.lse[(static_cast<size_t>(b) * H + h) * T + i] = lse;
+        for (int j = 0; j <= i; ++j) p[j] = std::exp(p[j] - lse);
+        for (int j = 0; j <= i; ++j) {
+          const size_t rj = row(j);
+          for (int c = 0; c < D; ++c) r.o[ri + c] += p[j] * v[rj + c];
+        }
+        double di = 0.0;
+        for (int c = 0; c < D; ++c) di += static_cast<double>(dout[ri + c]) * r.o[ri + c];
+        for (int j = 0; j <= i; ++j) {
+          const size_t rj = row(j);
+          double dp = 0.0;
+          for (int c = 0; c < D; ++c) dp += static_cast<double>(dout[ri + c]) * v[rj + c];
+          ds[j] = p[j] * (dp - di);
+        }
+        for (int j = 0; j <= i; ++j) {
+          const size_t rj = row(j);
+          for (int c = 0; c < D; ++c) {
+            r.dq[ri + c] += scale * ds[j] * k[rj + c];
+            r.dk[rj + c] += scale * ds[j] * q[ri + c];
+            r.dv[rj + c] += p[j] * dout[ri + c];
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// ||x - ref|| / max(||ref||, 1e-3 * sqrt(n)); NaN if x has a NaN. The floor (an RMS of 1e-3)
+// turns the comparison absolute where the reference is exactly zero: with T = 1 every query sees
+// only itself, so P = 1, dS = dO.v - dO.o = 0 and dq = dk = 0, while the kernel's dS is a rounding
+// residue of two differently ordered fp32 sums.
+double rel_error(const std::vector<float>& x, const std::vector<double>& ref) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(x[i]) - ref[i];
+    num += d * d;
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num) /
+         std::max(std::sqrt(den), 1e-3 * std::sqrt(static_cast<double>(ref.size())));
+}
+
+size_t count_nan(const std::vector<float>& x) {
+  return static_cast<size_t>(
+      std::count_if(x.begin(), x.end(), [](float f) { return std::isnan(f); }));
+}
+
+std::vector<float> download_bf16(const DeviceMem& m, size_t n) {
+  std::vector<uint16_t> raw(n);
+  CUDA_CHECK(cudaMemcpy(raw.data(), m.ptr, n * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = from_bf16(raw[i]);
+  return out;
+}
+
+// Random N(0, 1) values rounded to bf16: `f` holds the exact values the GPU sees.
+struct Bf16Tensor {
+  std::vector<float> f;
+  std::vector<uint16_t> bits;
+  Bf16Tensor(size_t n, std::mt19937& gen) : f(n), bits(n) {
+    std::normal_distribution<float> dist(0.f, 1.f);
+    for (size_t i = 0; i < n; ++i) {
+      bits[i] = to_bf16(dist(gen));
+      f[i] = from_bf16(bits[i]);
+    }
+  }
+  void upload(const DeviceMem& m) const {
+    CUDA_CHECK(cudaMemcpy(m.ptr, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+  }
+};
+
+void check_against_reference(int B, int T, int H, int D, unsigned seed) {
+  INFO("B=" << B << " T=" << T << " H=" << H << " head_dim=" << D);
+  const size_t n = static_cast<size_t>(B) * T * H * D;
+  const size_t n_rows = static_cast<size_t>(B) * H * T;
+  std::mt19937 gen(seed);
+  const Bf16Tensor q(n, gen), k(n, gen), v(n, gen), dout(n, gen);
+
+  DeviceMem d_q(n * 2), d_k(n * 2), d_v(n * 2), d_dout(n * 2), d_o(n * 2), d_lse(n_rows * 4);
+  DeviceMem d_dq(n * 2), d_dk(n * 2), d_dv(n * 2);
+  DeviceMem work(flash_attention_backward_workspace_bytes(B, T, H, D));
+  q.upload(d_q);
+  k.upload(d_k);
+  v.upload(d_v);
+  dout.upload(d_dout);
+  for (const DeviceMem* m : {&d_o, &d_lse, &d_dq, &d_dk, &d_dv, &work}) m->poison();
+
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  using bf = __nv_bfloat16;
+  flash_attention_forward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), d_o.as<bf>(), d_lse.as<float>(),
+                          B, T, H, D, stream);
+  flash_attention_backward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), d_o.as<bf>(), d_dout.as<bf>(),
+                           d_lse.as<float>(), d_dq.as<bf>(), d_dk.as<bf>(), d_dv.as<bf>(), work.ptr,
+                           B, T, H, D, stream);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+
+  const std::vector<float> o = download_bf16(d_o, n);
+  std::vector<float> lse(n_rows);
+  CUDA_CHECK(cudaMemcpy(lse.data(), d_lse.ptr, n_rows * 4, cudaMemcpyDeviceToHost));
+  const std::vector<float> dq = download_bf16(d_dq, n);
+  const std::vector<float> dk = download_bf16(d_dk, n);
+  const std::vector<float> dv = download_bf16(d_dv, n);
+
+  const Reference ref = reference_attention(q.f, k.f, v.f, dout.f, B, T, H, D);
+  CHECK(count_nan(o) == 0);
+  CHECK(count_nan(lse) == 0);
+  CHECK(count_nan(dq) == 0);
+  CHECK(count_nan(dk) == 0);
+  CHECK(count_nan(dv) == 0);
+  const double e_o = rel_error(o, ref.o), e_lse = rel_error(lse, ref.lse);
+  const double e_dq = rel_error(dq, ref.dq), e_dk = rel_error(dk, ref.dk);
+  const double e_dv = rel_error(dv, ref.dv);
+  INFO("relative errors: o " << e_o << " lse " << e_lse << " dq " << e_dq << " dk " << e_dk
+                             << " dv " << e_dv);
+  CHECK(e_o < 2e-2);
+  CHECK(e_lse < 2e-2);
+  CHECK(e_dq < 2e-2);
+  CHECK(e_dk < 2e-2);
+  CHECK(e_dv < 2e-2);
+}
+
+}  // namespace
+
+TEST_CASE("flash attention matches a float64 reference", "[gpu][flash_attention]") {
+  unsigned seed = 1;
+  for (int D : {16, 32, 64, 80, 128})
+    for (int T : {1, 17, 64, 100, 1000}) check_against_reference(2, T, 3, D, seed++);
+}
+
+TEST_CASE("flash attention with many heads and a single sequence", "[gpu][flash_attention]") {
+  // B*H spread over grid.x, several key/query blocks per head, T not a multiple of any tile.
+  check_against_reference(1, 333, 20, 64, 101);
+  check_against_reference(3, 257, 2, 80, 102);
+}
+
+TEST_CASE("flash attention forward is deterministic", "[gpu][flash_attention]") {
+  const int B = 2, T = 300, H = 4, D = 64;
+  const size_t n = static_cast<size_t>(B) * T * H * D;
+  std::mt19937 gen(7);
+  const Bf16Tensor q(n, gen), k(n, gen), v(n, gen);
+  DeviceMem d_q(n * 2), d_k(n * 2), d_v(n * 2), o1(n * 2), o2(n * 2);
+  DeviceMem l1(static_cast<size_t>(B) * H * T * 4), l2(static_cast<size_t>(B) * H * T * 4);
+  q.upload(d_q);
+  k.upload(d_k);
+  v.upload(d_v);
+  o1.poison();
+  o2.poison();
+  using bf = __nv_bfloat16;
+  flash_attention_forward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), o1.as<bf>(), l1.as<float>(), B,
+                          T, H, D, nullptr);
+  flash_attention_forward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), o2.as<bf>(), l2.as<float>(), B,
+                          T, H, D, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> a(n), b(n);
+  CUDA_CHECK(cudaMemcpy(a.data(), o1.ptr, n * 2, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(b.data(), o2.ptr, n * 2, cudaMemcpyDeviceToHost));
+  CHECK(a == b);
+}
+
+TEST_CASE("flash attention supports exactly the built head dims", "[gpu][flash_attention]") {
+  for (int d : {16, 32, 64, 80, 128}) CHECK(flash_attention_supports(d));
+  for (int d : {0, 8, 24, 48, 96, 112, 160, 256}) CHECK_FALSE(flash_attention_supports(d));
+}
+
+TEST_CASE("flash attention rejects bad arguments", "[gpu][flash_attention]") {
+  const int B = 1, T = 16, H = 2, D = 64;
+  const size_t n = static_cast<size_t>(B) * T * H * D;
+  DeviceMem q(n * 2), k(n * 2), v(n * 2), o(n * 2), lse(static_cast<size_t>(B) * H * T * 4);
+  DeviceMem dq(n * 2), dk(n * 2), dv(n * 2),
+      work(flash_attention_backward_workspace_bytes(B, T, H, D));
+  using bf = __nv_bfloat16;
+  bf* Q = q.as<bf>();
+  bf* K = k.as<bf>();
+  bf* V = v.as<bf>();
+  bf* O = o.as<bf>();
+  float* L = lse.as<float>();
+  CHECK_THROWS_AS(flash_attention_forward(Q, K, V, O, L, B, T, H, 48, nullptr),
+                  trainer::UsageError);
+  CHECK_THROWS_AS(flash_attention_forward(Q, K, V, O, L, 0, T, H, D, nullptr), trainer::UsageError);
+  CHECK_THROWS_AS(flash_attention_forward(Q, K, V, O, L, B, -1, H, D, nullptr),
+                  trainer::UsageError);
+  CHECK_THROWS_AS(flash_attention_forward(nullptr, K, V, O, L, B, T, H, D, nullptr),
+                  trainer::UsageError);
+  CHECK_THROWS_AS(flash_attention_forward(Q + 1, K, V, O, L, B, T, H, D, nullptr),
+                  trainer::UsageError);  // 2-byte offset: not 16-byte aligned
+  CHECK_THROWS_AS(flash_attention_backward_workspace_bytes(B, T, H, 100), trainer::UsageError);
+  CHECK_THROWS_AS(flash_attention_backward(Q, K, V, O, O, L, dq.as<bf>(), dk.as<bf>(), nullptr,
+                                           work.ptr, B, T, H, D, nullptr),
+                  trainer::UsageError);
+  CHECK_THROWS_AS(flash_attention_backward(Q, K, V, O, O, L, dq.as<bf>(), dk.as<bf>(), dv.as<bf>(),
+                                           nullptr, B, T, H, D, nullptr),
+                  trainer::UsageError);
+  // Nothing was launched by the rejected calls; the device is still healthy.
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
