@@ -1,7 +1,8 @@
 // Equivalence of every parallel mode with single-process training (SPEC.md): for the world size
 // this program runs with (mpirun -np 1..4), each --ddp strategy, with and without --shard-optim
 // and --grad-accum 2, must reach the parameters of a one-process run with the same global batch
-// after 10 steps: max |Δ| / max |p| < 1e-5. Also: checkpoints written by N ranks resume on M.
+// after 10 steps: max |Δ| / max |p| < 1e-5. Also: checkpoints written by N ranks resume on M
+// (N sharded ranks on every M <= N, sharded or not; 2 unsharded ranks on 4 sharded ones).
 //
 // Built twice: as test_distributed on the CPU backend (MPI), and with TEST_ON_GPU as
 // test_distributed_gpu on one GPU per rank (NCCL): fp32 to 1e-5 after 20 steps, and bf16 losses
@@ -220,4 +221,29 @@ TEST_CASE("a resumed run continues exactly as the uninterrupted one", "[resume]"
       world.barrier();
     }
   }
+}
+
+TEST_CASE("a checkpoint written by 2 unsharded ranks resumes on 4 sharded ranks", "[resume]") {
+  spdlog::set_level(spdlog::level::err);
+  MpiCommunicator world(MPI_COMM_WORLD);
+  if (world.world() != 4) return;  // the np4 run covers it
+  const TrainResult& ref = reference();
+  const std::string out = scratch() + "/resume_from_2";
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, world.rank() < 2 ? 0 : MPI_UNDEFINED, world.rank(), &sub);
+  if (world.rank() < 2) {
+    MpiCommunicator two(sub);
+    run_training(make_options({"--batch", std::to_string(kGlobalBatch / 2), "--out", out,
+                               "--save-every", "5"}),
+                 two);
+    MPI_Comm_free(&sub);
+  }
+  world.barrier();
+  const TrainResult got = run_training(make_options({"--batch", std::to_string(kGlobalBatch / 4),
+                                                     "--resume", out + "/step_5", "--shard-optim"}),
+                                       world, /*keep_params=*/true);
+  REQUIRE(got.first_step == 5);
+  for (size_t s = 0; s < got.losses.size(); ++s)
+    REQUIRE_THAT(got.losses[s], WithinRel(ref.losses[s + 5], 1e-5));
+  REQUIRE(rel_diff(got.params, ref.params) < 1e-5);
 }
