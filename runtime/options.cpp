@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "comm/grad_sync.h"
 #include "core/device_buffer.h"
 #include "core/error.h"
+#include "runtime/data.h"
 
 namespace trainer {
 
@@ -132,8 +134,7 @@ void validate_options(const Options& o) {
     usage_error("--comm-timeout must be positive (got {})", o.comm_timeout);
   if (o.grad_reduce != "fp32" && o.grad_reduce != "bf16")
     usage_error("--grad-reduce '{}' is not fp32 or bf16", o.grad_reduce);
-  if (o.sampler != "random" && o.sampler != "sequential")
-    usage_error("--sampler '{}' is not random or sequential", o.sampler);
+  parse_sampler(o.sampler);  // throws UsageError naming --sampler
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
     usage_error("--device '{}' is not auto, cpu or cuda", o.device);
   if (o.precision != "auto" && o.precision != "fp32" && o.precision != "tf32" &&
@@ -141,9 +142,7 @@ void validate_options(const Options& o) {
     usage_error("--precision '{}' is not auto, fp32, tf32 or bf16", o.precision);
   if (o.attention != "flash" && o.attention != "simple")
     usage_error("--attn '{}' is not flash or simple", o.attention);
-  if (o.ddp != "none" && o.ddp != "naive" && o.ddp != "flat" && o.ddp != "overlap" &&
-      o.ddp != "bucketed")
-    usage_error("--ddp '{}' is not a strategy (none, naive, flat, overlap, bucketed)", o.ddp);
+  parse_sync_strategy(o.ddp);  // throws UsageError naming --ddp
   if (o.bench_mode != "forward" && o.bench_mode != "forward-backward" && o.bench_mode != "train")
     usage_error("--mode '{}' is not forward, forward-backward or train", o.bench_mode);
   if (!o.benchmark && o.data.empty())
@@ -151,10 +150,6 @@ void validate_options(const Options& o) {
         "--data is required (a uint16 .npy or .bin token file; see launch/prepare_data.sh)");
   if (!o.init_from.empty() && !o.resume.empty())
     usage_error("--init-from and --resume exclude each other (--resume restores the weights too)");
-  if (o.device == "cpu" && o.grad_reduce != "fp32")
-    usage_error("--grad-reduce bf16 needs --device cuda; the CPU backend reduces in fp32");
-  if (o.device == "cpu" && o.precision != "auto" && o.precision != "fp32")
-    usage_error("--precision {} needs --device cuda; the CPU backend is fp32", o.precision);
 }
 
 std::string settings_fingerprint(const Options& o) {

@@ -47,6 +47,9 @@ expect 2 "unknown model preset 'huge'" "$trainer" "${small[@]}" "${data[@]}" --m
 expect 2 "--data is required" "$trainer" "${small[@]}"
 expect 2 "no-such-file" "$trainer" "${small[@]}" --data "$tmp/no-such-file.npy"
 expect 2 "unknown|not a strategy|--ddp" "$trainer" "${small[@]}" "${data[@]}" --ddp ring
+expect 2 "--sampler 'foo'" "$trainer" "${small[@]}" "${data[@]}" --sampler foo
+expect 2 "--precision bf16 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --precision bf16
+expect 2 "--grad-reduce bf16 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --grad-reduce bf16
 expect 2 "--frobnicate" "$trainer" "${small[@]}" "${data[@]}" --frobnicate
 # Data shorter than ctx + 2 tokens.
 printf 'abcde' > "$tmp/short.txt"
