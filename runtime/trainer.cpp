@@ -42,17 +42,24 @@ BufferView host_view(std::vector<float>& v) {
   return BufferView{v.data(), static_cast<int64_t>(v.size()), DType::kF32, DeviceKind::kCpu};
 }
 
+// The file at `path` can be written: opened for appending (nothing is truncated); a file that
+// the probe itself created is removed again.
+void check_writable_file(const char* flag, const std::string& path) {
+  std::error_code ec;
+  const bool existed = fs::exists(path, ec);
+  FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) usage_error("{} {}: cannot write the file ({})", flag, path, std::strerror(errno));
+  std::fclose(f);
+  if (!existed) fs::remove(path, ec);
+}
+
 void check_writable_dir(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir))
     usage_error("--out {}: cannot create directory ({})", dir, ec.message());
-  const std::string probe =
-      (fs::path(dir) / (".write_test." + std::to_string(::getpid()))).string();
-  FILE* f = std::fopen(probe.c_str(), "w");
-  if (!f) usage_error("--out {}: directory is not writable ({})", dir, std::strerror(errno));
-  std::fclose(f);
-  fs::remove(probe, ec);
+  check_writable_file("--out",
+                      (fs::path(dir) / (".write_test." + std::to_string(::getpid()))).string());
 }
 
 // Peak dense throughput of one device, for MFU (ANCHORS.md uses 989 TFLOP/s for H100/H200 bf16).
@@ -195,6 +202,8 @@ void Run::setup() {
     if (!o_.resume.empty() && !fs::is_directory(o_.resume))
       usage_error("--resume {}: no such checkpoint directory", o_.resume);
     if (rank_ == 0 && !o_.out.empty()) check_writable_dir(o_.out);
+    if (rank_ == 0 && !o_.trace.empty()) check_writable_file("--trace", o_.trace);
+    if (rank_ == 0 && o_.benchmark && !o_.csv.empty()) check_writable_file("--csv", o_.csv);
     schedule_ = LrSchedule{o_.lr, o_.min_lr, o_.warmup, o_.steps};
     if (!o_.benchmark) schedule_.validate();
   });

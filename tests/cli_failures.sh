@@ -37,6 +37,7 @@ expect() {
 }
 
 data=(--data "$tmp/train.npy")
+touch "$tmp/afile"  # a regular file: paths below it cannot be written
 expect 2 "--steps must be positive" "$trainer" "${small[@]}" "${data[@]}" --steps 0
 expect 2 "--steps must be positive" "$trainer" "${small[@]}" "${data[@]}" --steps -3
 expect 2 "--batch must be positive" "$trainer" "${small[@]}" "${data[@]}" --batch 0
@@ -50,6 +51,12 @@ expect 2 "unknown|not a strategy|--ddp" "$trainer" "${small[@]}" "${data[@]}" --
 expect 2 "--sampler 'foo'" "$trainer" "${small[@]}" "${data[@]}" --sampler foo
 expect 2 "--precision bf16 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --precision bf16
 expect 2 "--grad-reduce bf16 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --grad-reduce bf16
+expect 2 "--comm-timeout must be positive" "$trainer" "${small[@]}" "${data[@]}" --comm-timeout 0
+expect 2 "--grad-reduce 'fp16'" "$trainer" "${small[@]}" "${data[@]}" --grad-reduce fp16
+expect 2 "--mode 'bogus'" "$trainer" "${small[@]}" --benchmark --mode bogus
+expect 2 "--bucket-mb must not be negative" "$trainer" "${small[@]}" "${data[@]}" --bucket-mb -1
+expect 2 "--trace .*cannot write" "$trainer" "${small[@]}" "${data[@]}" --trace "$tmp/afile/t.json"
+expect 2 "--csv .*cannot write" "$trainer" "${small[@]}" --benchmark --csv "$tmp/afile/r.csv"
 expect 2 "--frobnicate" "$trainer" "${small[@]}" "${data[@]}" --frobnicate
 # Data shorter than ctx + 2 tokens.
 printf 'abcde' > "$tmp/short.txt"
@@ -59,7 +66,6 @@ expect 2 "at least" "$trainer" "${small[@]}" --data "$tmp/short.npy"
 # Token ids >= vocab (byte-level data with a 100-token vocabulary).
 expect 2 "vocab|>= 100" "$trainer" "${small[@]}" "${data[@]}" --vocab 100
 # Unwritable --out (a path below a regular file).
-touch "$tmp/afile"
 expect 2 "--out" "$trainer" "${small[@]}" "${data[@]}" --steps 2 --out "$tmp/afile/sub"
 # A corrupt checkpoint and a missing one.
 expect 2 "no such checkpoint directory" "$trainer" "${small[@]}" "${data[@]}" --resume "$tmp/nope"
