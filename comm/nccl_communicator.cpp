@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "comm/cuda/convert.h"
+#include "comm/peer_copy.h"
 #include "core/cuda_check.h"
 #include "core/log.h"
 
@@ -52,7 +53,8 @@ struct NcclCommunicator::Impl {
   ncclComm_t comm = nullptr;
   cudaStream_t compute = nullptr, stream = nullptr;
   cudaEvent_t origin = nullptr;
-  void* staging = nullptr;  // bf16 scratch for --grad-reduce bf16
+  void* staging = nullptr;         // bf16 scratch for --grad-reduce bf16
+  std::unique_ptr<PeerCopy> peer;  // --grad-transport ce
 
   // Events come from a pool that grows only during the first step; a record holds the pair of
   // events of one collective on the comm stream.
@@ -173,13 +175,17 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& boot, const NcclOption
   ncclUniqueId id;
   if (m.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id), "ncclGetUniqueId");
   MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, boot.comm());
-  NCCL_CHECK(ncclCommInitRank(&m.comm, m.world, id, m.rank), "ncclCommInitRank");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  if (o.ctas > 0) config.minCTAs = config.maxCTAs = o.ctas;
+  NCCL_CHECK(ncclCommInitRankConfig(&m.comm, m.world, id, m.rank, &config),
+             "ncclCommInitRankConfig");
   // High priority: bucket collectives get scheduled between backward's kernels.
   int least = 0, greatest = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   CUDA_CHECK(cudaStreamCreateWithPriority(&m.stream, cudaStreamNonBlocking, greatest));
   if (o.reduce_in_bf16 && o.staging_elems > 0)
     CUDA_CHECK(cudaMalloc(&m.staging, o.staging_elems * 2));
+  if (o.peer_copy.data) m.peer = std::make_unique<PeerCopy>(boot, o.peer_copy, o.device);
   m.watchdog = std::thread([&m] { m.watch(); });
 }
 
@@ -188,6 +194,7 @@ NcclCommunicator::~NcclCommunicator() {
   m.stop = true;
   if (m.watchdog.joinable()) m.watchdog.join();
   cudaStreamSynchronize(m.stream);
+  m.peer.reset();
   for (cudaEvent_t e : m.pool) cudaEventDestroy(e);
   if (m.staging) cudaFree(m.staging);
   ncclCommDestroy(m.comm);
@@ -200,6 +207,15 @@ int NcclCommunicator::world() const { return impl_->world; }
 CommHandle NcclCommunicator::all_reduce_sum(BufferView buf) {
   Impl& m = *impl_;
   TRAINER_CHECK(buf.device == DeviceKind::kCuda, "NCCL all_reduce needs a device buffer");
+  if (m.peer && m.peer->covers(buf)) {
+    // Rank 0 sums the first half (256-byte aligned), rank 1 the rest; each then copies the other.
+    const int64_t half = buf.count / 2 / 64 * 64;
+    const Range first{0, half}, second{half, buf.count};
+    m.begin(describe("all_reduce", buf) + " by copy engines");
+    m.peer->reduce(buf, m.rank == 0 ? first : second, m.rank == 0 ? second : first, true, m.compute,
+                   m.stream);
+    return m.end();
+  }
   const bool via_bf16 = m.opt.reduce_in_bf16 && buf.dtype == DType::kF32;
   m.begin(describe("all_reduce", buf) + (via_bf16 ? " as bf16" : ""));
   if (via_bf16) {
@@ -224,6 +240,13 @@ CommHandle NcclCommunicator::reduce_scatter_sum(BufferView buf,
   TRAINER_CHECK(buf.device == DeviceKind::kCuda, "NCCL reduce_scatter needs a device buffer");
   TRAINER_CHECK(static_cast<int>(counts.size()) == m.world, "{} counts for world {}", counts.size(),
                 m.world);
+  if (m.peer && m.peer->covers(buf)) {
+    const Range first{0, counts[0]}, second{counts[0], buf.count};
+    m.begin(describe("reduce_scatter", buf) + " by copy engines");
+    m.peer->reduce(buf, m.rank == 0 ? first : second, m.rank == 0 ? second : first, false,
+                   m.compute, m.stream);
+    return m.end();
+  }
   const bool via_bf16 = m.opt.reduce_in_bf16 && buf.dtype == DType::kF32;
   m.begin(describe("reduce_scatter", buf) + (via_bf16 ? " as bf16" : ""));
   void* data = buf.data;

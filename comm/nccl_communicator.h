@@ -31,6 +31,8 @@ struct NcclOptions {
   void* compute_stream = nullptr;  // cudaStream_t the collectives are ordered against
   bool reduce_in_bf16 = false;     // --grad-reduce bf16: fp32 sums travel as bf16
   int64_t staging_elems = 0;       // largest fp32 buffer reduced in bf16 (scratch size)
+  BufferView peer_copy;  // --grad-transport ce: fp32 sums inside this buffer use PeerCopy
+  int ctas = 0;  // CTAs (channels) per collective, NCCL's minCTAs = maxCTAs; 0 = NCCL decides
   double timeout_s = 300;
 };
 

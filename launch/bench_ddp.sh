@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Data-parallel benchmark on NGPU GPUs of one host (default 2): the single-GPU step, every --ddp
-# strategy, ZeRO-1, and a bucket-size sweep, same per-GPU batch; one CSV row per run.
+# Data-parallel benchmark on NGPU GPUs of one host (default 2), same per-GPU batch in every run;
+# one CSV row per run (launch/bench_table.py renders them, launch/plot_ddp.py plots them).
 #
 #   launch/bench_ddp.sh BUILD_DIR OUT.csv [MODEL] [BATCH] [CTX]
 #
-# Render with launch/bench_table.py; plot with launch/plot_ddp.py.
+# What runs is a plan: one run per line, "NP [VAR=value ...] [trainer flags ...]", where NP is a
+# number of GPUs or "N" for NGPU and VAR=value sets an environment variable (e.g. NCCL_MAX_CTAS=8)
+# for that run only; '#' starts a comment. PLAN=FILE picks a plan (default: launch/plans/ddp.txt,
+# the 1-GPU step, every --ddp strategy, ZeRO-1 and a bucket-size sweep).
 set -uo pipefail
 build=${1:?usage: bench_ddp.sh BUILD_DIR OUT.csv [MODEL] [BATCH] [CTX]}
 csv=${2:?usage: bench_ddp.sh BUILD_DIR OUT.csv [MODEL] [BATCH] [CTX]}
@@ -14,20 +17,23 @@ ctx=${5:-512}
 ngpu=${NGPU:-2}
 warmup=${WARMUP:-5}
 steps=${STEPS:-15}
+plan=${PLAN:-$(dirname "$0")/plans/ddp.txt}
+[[ -r "$plan" ]] || { echo "bench_ddp.sh: cannot read plan $plan" >&2; exit 2; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 common=(--benchmark --device cuda --model "$model" --batch "$batch" --ctx "$ctx" --warmup "$warmup"
         --steps "$steps" --mode train --csv "$csv" ${EXTRA_ARGS:-})
-run() {  # run NP ARGS...
-  local np=$1
-  shift
-  echo "== $np GPU(s): $*"
-  mpirun --oversubscribe --bind-to none -np "$np" "$build/trainer" "${common[@]}" "$@" 2>&1 |
+while read -r line; do
+  line=${line%%#*}
+  read -ra words <<<"$line"
+  ((${#words[@]})) || continue
+  np=${words[0]}
+  [[ $np == N ]] && np=$ngpu
+  envs=() args=()
+  for w in "${words[@]:1}"; do
+    if [[ $w =~ ^[A-Z_][A-Z0-9_]*= ]]; then envs+=(-x "$w"); else args+=("$w"); fi
+  done
+  echo "== $np GPU(s): ${words[*]:1}"
+  mpirun --oversubscribe --bind-to none -np "$np" "${envs[@]}" "$build/trainer" "${common[@]}" \
+    "${args[@]}" 2>&1 </dev/null |
     grep -E "forward|backward|comm |optimizer|step +[0-9.]+ ±|error|fatal" | sed 's/^\[[^]]*\] //'
-}
-run 1 --ddp none
-[[ -n "${SKIP_BASE:-}" ]] || run "$ngpu" --ddp bucketed --bucket-mb 25
-[[ -n "${SKIP_BASE:-}" ]] || run "$ngpu" --ddp bucketed --bucket-mb 25 --shard-optim
-for s in ${STRATEGIES:-naive flat overlap}; do run "$ngpu" --ddp "$s"; done
-for mb in ${BUCKETS:-1 10 100 1000}; do run "$ngpu" --ddp bucketed --bucket-mb "$mb"; done
-run "$ngpu" --ddp bucketed --bucket-mb 25 --grad-reduce bf16
-run "$ngpu" --ddp bucketed --bucket-mb 25 --grad-reduce bf16 --shard-optim
+done <"$plan"

@@ -20,18 +20,32 @@ def main():
     rows = list(csv.reader(open(path)))
     head = rows[0]
     col = {name: i for i, name in enumerate(head)}
+    # Newer CSVs also record the gradient precision, --comm-sms, NCCL's environment and the time
+    # the collectives ran on the comm stream.
+    extra = "comm_total_ms" in col
     out = ["| model | world | ddp | batch×ctx | step ms (median) | mean ± std | fwd ms | bwd ms "
-           "| comm ms | opt ms | tok/s | MFU | peak GiB |" + (" vs eager |" if anchors else "")]
-    out.append("|" + "---|" * (13 + anchors))
+           "| comm ms | opt ms | tok/s | MFU | peak GiB |" + (" vs eager |" if anchors else "")
+           + (" collectives ran ms |" if extra else "")]
+    out.append("|" + "---|" * (13 + anchors + extra))
     for r in rows[1:]:
         if r[0] == "oom":
-            out.append(f"| {r[1]} | 1 | | {r[8]}×{r[7]} | out of memory |" + " |" * (8 + anchors))
+            out.append(f"| {r[1]} | 1 | | {r[8]}×{r[7]} | out of memory |"
+                       + " |" * (8 + anchors + extra))
             continue
         g = lambda k: r[col[k]]
         f = lambda k: float(g(k))
         ddp = g("ddp") + (" + ZeRO-1" if g("shard_optim") == "1" else "")
         if g("ddp") == "bucketed":
             ddp += f" {float(g('bucket_mb')):g} MiB"
+        if extra and g("world") != "1":
+            if g("grad_transport") == "ce":
+                ddp += ", copy engines"
+            if g("grad_reduce") == "bf16":
+                ddp += ", bf16 grads"
+            if g("comm_sms") not in ("", "0"):
+                ddp += f", --comm-sms {g('comm_sms')}"
+            if g("nccl_env"):
+                ddp += ", " + g("nccl_env")
         if g("world") == "1":
             ddp = "—"
         line = (f"| {g('model')} | {g('world')} | {ddp} | {g('batch')}×{g('ctx')} "
@@ -42,6 +56,8 @@ def main():
         if anchors:
             key = (g("model"), int(g("batch")), int(g("ctx")))
             line += f" {f('tokens_per_s') / EAGER[key]:.2f}× |" if key in EAGER else " |"
+        if extra:
+            line += f" {f('comm_total_ms'):.1f} |" if g("world") != "1" else " — |"
         out.append(line)
     print("\n".join(out))
 

@@ -27,6 +27,7 @@ struct ReplicaOptions {
   Precision precision = Precision::kFp32;
   std::string attention = "flash";  // CUDA: "flash" or "simple"
   int device_index = 0;             // CUDA device ordinal
+  int comm_sms = 0;  // CUDA: SMs backward's GEMMs leave to collectives running beside it
 };
 
 // A micro-batch in host memory: `batch` rows of `seq` token ids each.

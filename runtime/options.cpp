@@ -79,6 +79,12 @@ Options parse_options(int argc, char** argv) {
   app.add_flag("--shard-optim", o.shard_optim, "ZeRO-1: shard fp32 master weights and AdamW state");
   app.add_option("--grad-reduce", o.grad_reduce, "fp32 | bf16: precision of gradient collectives");
   app.add_option("--timing-warmup", o.timing_warmup, "steps left out of the final timing table");
+  app.add_option("--grad-transport", o.grad_transport,
+                 "nccl | ce: how GPU gradient sums move (ce: copy engines over NVLink, no SMs; "
+                 "2 ranks on one host)");
+  app.add_option("--comm-sms", o.comm_sms,
+                 "GPU: NCCL runs on this many CTAs and backward's GEMMs leave it that many SMs "
+                 "(0 = NCCL's default, GEMMs use every SM)");
   app.add_option("--comm-timeout", o.comm_timeout,
                  "seconds a GPU collective may take before every rank is stopped");
   app.add_option("--trace", o.trace,
@@ -130,6 +136,14 @@ void validate_options(const Options& o) {
   if (o.eval_batches <= 0) usage_error("--eval-batches must be positive");
   if (o.bucket_mb < 0) usage_error("--bucket-mb must not be negative (got {})", o.bucket_mb);
   if (o.timing_warmup < 0) usage_error("--timing-warmup must not be negative");
+  if (o.grad_transport != "nccl" && o.grad_transport != "ce")
+    usage_error("--grad-transport '{}' is not nccl or ce", o.grad_transport);
+  if (o.grad_transport == "ce" && o.grad_reduce != "fp32")
+    usage_error(
+        "--grad-transport ce sums fp32 gradients: it cannot be combined with --grad-reduce {}",
+        o.grad_reduce);
+  if (o.comm_sms < 0 || o.comm_sms > 64)
+    usage_error("--comm-sms must lie in [0, 64] (got {})", o.comm_sms);
   if (!(o.comm_timeout > 0))
     usage_error("--comm-timeout must be positive (got {})", o.comm_timeout);
   if (o.grad_reduce != "fp32" && o.grad_reduce != "bf16")
@@ -165,7 +179,8 @@ std::string settings_fingerprint(const Options& o) {
     << "\neval-batches=" << o.eval_batches << "\n";
   s << "device=" << o.device << "\nprecision=" << o.precision << "\nattn=" << o.attention << "\n";
   s << "ddp=" << o.ddp << "\nbucket-mb=" << o.bucket_mb << "\nshard-optim=" << o.shard_optim
-    << "\ngrad-reduce=" << o.grad_reduce << "\n";
+    << "\ngrad-reduce=" << o.grad_reduce << "\ncomm-sms=" << o.comm_sms
+    << "\ngrad-transport=" << o.grad_transport << "\n";
   s << "benchmark=" << o.benchmark << "\nmode=" << o.bench_mode << "\n";
   return s.str();
 }

@@ -53,6 +53,31 @@ void check_writable_file(const char* flag, const std::string& path) {
   if (!existed) fs::remove(path, ec);
 }
 
+// Columns of a --csv benchmark row (one per run; launch/bench_table.py reads them by name).
+constexpr const char* kCsvHeader =
+    "time,model,d_model,d_ff,layers,heads,vocab,ctx,batch,grad_accum,world,device,precision,attn,"
+    "ddp,bucket_mb,shard_optim,mode,warmup,steps,forward_ms,forward_std,backward_ms,backward_std,"
+    "comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,step_median_ms,tokens_per_s,mfu,"
+    "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env";
+
+// A CSV that already has rows must have been written with the same columns.
+void check_csv_header(const std::string& path) {
+  std::ifstream in(path);
+  std::string first;
+  if (in && std::getline(in, first) && !first.empty() && first != kCsvHeader)
+    usage_error("--csv {}: the file has other columns (written by another version); use a new file",
+                path);
+}
+
+void append_csv_row(const std::string& path, const char* header, const std::string& row) {
+  check_csv_header(path);
+  const bool fresh = !fs::exists(path) || fs::file_size(path) == 0;
+  std::ofstream csv(path, std::ios::app);
+  if (!csv) usage_error("--csv {}: cannot open for appending", path);
+  if (fresh) csv << header << "\n";
+  csv << row;
+}
+
 void check_writable_dir(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -187,6 +212,10 @@ void Run::setup() {
     if (device_ == DeviceKind::kCpu && o_.grad_reduce != "fp32")
       usage_error("--grad-reduce {} needs --device cuda; the CPU backend reduces in fp32",
                   o_.grad_reduce);
+    if (device_ == DeviceKind::kCpu && o_.grad_transport != "nccl")
+      usage_error("--grad-transport {} needs --device cuda", o_.grad_transport);
+    if (device_ == DeviceKind::kCpu && o_.comm_sms != 0)
+      usage_error("--comm-sms {} needs --device cuda", o_.comm_sms);
     if (!o_.benchmark) {
       train_.emplace(TokenFile::open(o_.data));
       train_->check_length(o_.config.ctx);
@@ -203,7 +232,10 @@ void Run::setup() {
       usage_error("--resume {}: no such checkpoint directory", o_.resume);
     if (rank_ == 0 && !o_.out.empty()) check_writable_dir(o_.out);
     if (rank_ == 0 && !o_.trace.empty()) check_writable_file("--trace", o_.trace);
-    if (rank_ == 0 && o_.benchmark && !o_.csv.empty()) check_writable_file("--csv", o_.csv);
+    if (rank_ == 0 && o_.benchmark && !o_.csv.empty()) {
+      check_writable_file("--csv", o_.csv);
+      check_csv_header(o_.csv);
+    }
     schedule_ = LrSchedule{o_.lr, o_.min_lr, o_.warmup, o_.steps};
     if (!o_.benchmark) schedule_.validate();
   });
@@ -223,6 +255,10 @@ void Run::setup() {
   if (device_ == DeviceKind::kCuda) {
     const int local = local_rank_of(world_.comm());
     ro.device_index = local % std::max(1, cuda_device_count());
+    // Only strategies that run collectives during backward share the SMs with it.
+    const SyncStrategy st = parse_sync_strategy(o_.ddp);
+    if (nranks_ > 1 && (st == SyncStrategy::kBucketed || st == SyncStrategy::kOverlap))
+      ro.comm_sms = o_.comm_sms;
   }
   agree_on_usage_errors(world_, [&] {
     replica_ = device_ == DeviceKind::kCpu ? make_cpu_replica(o_.config, ro)
@@ -238,6 +274,8 @@ void Run::setup() {
     no.reduce_in_bf16 = o_.grad_reduce == "bf16";
     no.staging_elems = no.reduce_in_bf16 ? flat_ : 0;
     no.timeout_s = o_.comm_timeout;
+    no.ctas = o_.comm_sms;
+    if (o_.grad_transport == "ce") no.peer_copy = replica_->grads();
     nccl_ = make_nccl_communicator(world_, no);
     grad_comm_ = nccl_.get();
   }
@@ -739,24 +777,26 @@ void Run::benchmark(TrainResult& result) {
       max_mem / 1073741824.0);
   report_timing(all, 0);
   if (!o_.csv.empty()) {
-    const bool fresh = !fs::exists(o_.csv);
-    std::ofstream csv(o_.csv, std::ios::app);
-    if (!csv) usage_error("--csv {}: cannot open for appending", o_.csv);
-    if (fresh)
-      csv << "time,model,d_model,d_ff,layers,heads,vocab,ctx,batch,grad_accum,world,device,"
-             "precision,attn,ddp,bucket_mb,shard_optim,mode,warmup,steps,forward_ms,forward_std,"
-             "backward_ms,backward_std,comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_"
-             "std,"
-             "step_median_ms,tokens_per_s,mfu,peak_mem_gib\n";
+    std::vector<double> total;
+    for (const auto& ranks : all) total.push_back(ranks[0][kCommTotal]);
+    // NCCL settings from the environment change what a row measures, so they are recorded.
+    std::string nccl_env;
+    for (const char* name : {"NCCL_MAX_CTAS", "NCCL_MIN_CTAS", "NCCL_CTA_POLICY", "NCCL_PROTO",
+                             "NCCL_ALGO", "NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS"})
+      if (const char* v = std::getenv(name))
+        nccl_env += fmt::format("{}{}={}", nccl_env.empty() ? "" : " ", name, v);
     const ModelConfig& c = o_.config;
-    csv << fmt::format(
+    const std::string row = fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
-        "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f}\n",
+        "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{}"
+        "\n",
         std::time(nullptr), o_.model, c.d_model, c.d_ff, c.n_layers, c.n_heads, c.vocab, c.ctx,
         o_.batch, o_.grad_accum, nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu",
         precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
         o_.bench_mode, warm, n, fw.mean, fw.std, bw.mean, bw.std, cm.mean, cm.std, op.mean, op.std,
-        st.mean, st.std, med, tok_s, mfu, max_mem / 1073741824.0);
+        st.mean, st.std, med, tok_s, mfu, max_mem / 1073741824.0, o_.grad_reduce, o_.grad_transport,
+        o_.comm_sms, nranks_ > 1 ? mean_std(total).mean : 0.0, nccl_env);
+    append_csv_row(o_.csv, kCsvHeader, row);
   }
 }
 

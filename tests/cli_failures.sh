@@ -53,10 +53,17 @@ expect 2 "--precision bf16 needs --device cuda" "$trainer" "${small[@]}" "${data
 expect 2 "--grad-reduce bf16 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --grad-reduce bf16
 expect 2 "--comm-timeout must be positive" "$trainer" "${small[@]}" "${data[@]}" --comm-timeout 0
 expect 2 "--grad-reduce 'fp16'" "$trainer" "${small[@]}" "${data[@]}" --grad-reduce fp16
+expect 2 "--grad-transport ce needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --grad-transport ce
+expect 2 "--grad-transport 'shm' is not nccl or ce" "$trainer" "${small[@]}" "${data[@]}" --grad-transport shm
+expect 2 "cannot be combined with --grad-reduce bf16" "$trainer" "${small[@]}" "${data[@]}" --grad-transport ce --grad-reduce bf16
+expect 2 "--comm-sms 8 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --comm-sms 8
+expect 2 "--comm-sms must lie in \\[0, 64\\]" "$trainer" "${small[@]}" "${data[@]}" --comm-sms -1
 expect 2 "--mode 'bogus'" "$trainer" "${small[@]}" --benchmark --mode bogus
 expect 2 "--bucket-mb must not be negative" "$trainer" "${small[@]}" "${data[@]}" --bucket-mb -1
 expect 2 "--trace .*cannot write" "$trainer" "${small[@]}" "${data[@]}" --trace "$tmp/afile/t.json"
 expect 2 "--csv .*cannot write" "$trainer" "${small[@]}" --benchmark --csv "$tmp/afile/r.csv"
+printf 'time,model,step_ms\n1,tiny,3.0\n' > "$tmp/old.csv"
+expect 2 "--csv .*other columns" "$trainer" "${small[@]}" --benchmark --csv "$tmp/old.csv"
 expect 2 "--frobnicate" "$trainer" "${small[@]}" "${data[@]}" --frobnicate
 # Data shorter than ctx + 2 tokens.
 printf 'abcde' > "$tmp/short.txt"

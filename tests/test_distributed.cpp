@@ -153,6 +153,38 @@ TEST_CASE("every strategy, sharded or not, with or without grad-accum, equals on
 }
 
 #ifdef TEST_ON_GPU
+TEST_CASE("copy-engine gradient sums: every strategy equals one GPU", "[equivalence]") {
+  spdlog::set_level(spdlog::level::err);
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int w = world.world();
+  if (w != 2) return;  // --grad-transport ce is for exactly two ranks
+  const TrainResult& ref = reference();
+  for (const char* ddp : {"naive", "flat", "overlap", "bucketed"}) {
+    for (bool shard : {false, true}) {
+      for (int accum : {1, 2}) {
+        std::vector<std::string> args = {"--ddp",
+                                         ddp,
+                                         "--batch",
+                                         std::to_string(kGlobalBatch / (w * accum)),
+                                         "--grad-accum",
+                                         std::to_string(accum),
+                                         "--bucket-mb",
+                                         "0.01",
+                                         "--grad-transport",
+                                         "ce"};
+        if (shard) args.push_back("--shard-optim");
+        INFO("--grad-transport ce --ddp " << ddp << (shard ? " --shard-optim" : "")
+                                          << " --grad-accum " << accum);
+        const TrainResult got = run_training(make_options(args), world, /*keep_params=*/true);
+        INFO("max|dp|/max|p| = " << rel_diff(got.params, ref.params));
+        REQUIRE(rel_diff(got.params, ref.params) < 1e-5);
+        for (size_t s = 0; s < ref.losses.size(); ++s)
+          REQUIRE_THAT(got.losses[s], WithinRel(ref.losses[s], 1e-5));
+      }
+    }
+  }
+}
+
 TEST_CASE("bf16: every strategy's losses stay within 1e-2 of one GPU", "[equivalence]") {
   spdlog::set_level(spdlog::level::err);
   MpiCommunicator world(MPI_COMM_WORLD);

@@ -22,6 +22,24 @@ __global__ void bf16_to_f32_kernel(const __nv_bfloat16* __restrict__ x, float* _
     y[i] = __bfloat162float(x[i]);
 }
 
+// y += x; float4 where both are 16-byte aligned (the flat gradient buffer's tensors start on
+// 256-byte boundaries), scalars otherwise.
+__global__ void add_f32_kernel(float* __restrict__ y, const float* __restrict__ x, int64_t n) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) & 15) == 0) {
+    const int64_t n4 = n / 4;
+    for (int64_t j = i; j < n4; j += stride) {
+      float4 a = reinterpret_cast<float4*>(y)[j];
+      const float4 b = reinterpret_cast<const float4*>(x)[j];
+      a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+      reinterpret_cast<float4*>(y)[j] = a;
+    }
+    i += n4 * 4;  // the < 4 tail elements go to the first threads
+  }
+  for (; i < n; i += stride) y[i] += x[i];
+}
+
 unsigned blocks_for(int64_t n) {
   const int64_t b = (n + 255) / 256;
   return static_cast<unsigned>(b < 4096 ? (b > 0 ? b : 1) : 4096);
@@ -41,6 +59,14 @@ void bf16_to_f32(const void* src, float* dst, int64_t n, void* stream) {
   bf16_to_f32_kernel<<<blocks_for(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const __nv_bfloat16*>(src), dst, n);
   CUDA_CHECK_LAUNCH("bf16_to_f32_kernel");
+}
+
+void add_f32(float* dst, const float* src, int64_t n, void* stream) {
+  if (n == 0) return;
+  const int64_t b = (n / 4 + 255) / 256;
+  const unsigned blocks = static_cast<unsigned>(b < 264 ? (b > 0 ? b : 1) : 264);
+  add_f32_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(dst, src, n);
+  CUDA_CHECK_LAUNCH("add_f32_kernel");
 }
 
 }  // namespace trainer::cuda

@@ -1,4 +1,5 @@
-// fp32 <-> bf16 conversion on a stream, for gradient collectives in bf16 (--grad-reduce bf16).
+// Element-wise kernels of the gradient collectives: fp32 <-> bf16 conversion (--grad-reduce bf16)
+// and the sum of a copied peer segment (--grad-transport ce).
 #pragma once
 
 #include <cstdint>
@@ -6,4 +7,6 @@
 namespace trainer::cuda {
 void f32_to_bf16(const float* src, void* dst_bf16, int64_t n, void* stream);
 void bf16_to_f32(const void* src_bf16, float* dst, int64_t n, void* stream);
+// dst += src (at most 2 CTAs per SM of an H100/H200: it is bound by memory, not by SMs).
+void add_f32(float* dst, const float* src, int64_t n, void* stream);
 }  // namespace trainer::cuda

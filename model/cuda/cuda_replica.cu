@@ -194,6 +194,7 @@ class CudaReplica final : public Replica {
   ParamLayout layout_;
   ReplicaOptions options_;
   int device_index_ = 0;
+  int backward_sms_ = 0;  // cuBLASLt SM target during backward (0: every SM)
   int64_t flat_ = 0;
   int64_t n_max_ = 0;  // max_batch * ctx rows
   int64_t d_, f_, V_, Vp_, H_, dh_, L_;
@@ -256,6 +257,14 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   TRAINER_CHECK(o.flat_elems >= layout_.total(), "flat buffers of {} elements < layout total {}",
                 o.flat_elems, layout_.total());
   use_device();
+  if (o.comm_sms > 0) {
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o.device_index));
+    if (o.comm_sms >= sms)
+      usage_error("--comm-sms {} leaves no SM for compute: GPU {} has {} SMs", o.comm_sms,
+                  o.device_index, sms);
+    backward_sms_ = sms - o.comm_sms;
+  }
 
   flat_ = o.flat_elems;
   d_ = c.d_model;
@@ -356,9 +365,10 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   CUDA_CHECK(cudaDeviceSynchronize());
 
   spdlog::info(
-      "CUDA replica on GPU {}: {} weights, {} attention, activations {} for {} x {}", device_index_,
-      std::is_same_v<T, float> ? (tf32_ ? "fp32 (tf32 matmuls)" : "fp32") : "bf16",
-      flash_ ? "flash" : "simple", gib(static_cast<double>(arena_bytes_)), o.max_batch, c.ctx);
+      "CUDA replica on GPU {}: {} weights, {} attention, activations {} for {} x {}{}",
+      device_index_, std::is_same_v<T, float> ? (tf32_ ? "fp32 (tf32 matmuls)" : "fp32") : "bf16",
+      flash_ ? "flash" : "simple", gib(static_cast<double>(arena_bytes_)), o.max_batch, c.ctx,
+      backward_sms_ ? fmt::format(", backward GEMMs on {} SMs", backward_sms_) : std::string());
 }
 
 template <typename T>
@@ -691,6 +701,12 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     if (ready) ready(index);
   };
   NvtxRange range("backward");
+  // Collectives of earlier buckets hold --comm-sms SMs while later gradients are computed.
+  struct SmTarget {
+    Matmul& mm;
+    ~SmTarget() { mm.set_sm_target(0); }
+  } sm_target{*mm_};
+  mm_->set_sm_target(backward_sms_);
   {
     // logits_ holds softmax - onehot; scale enters as the matmuls' alpha.
     NvtxRange head_range("lm_head+loss");

@@ -48,6 +48,7 @@ struct Key {
   DType ab, cd;
   int64_t m, n, k, lda, ldb, ldc, ldd, batch, sa, sb, sc, sd;
   uint32_t align_a, align_b, align_c, align_d;
+  int32_t sm_target;
   bool operator==(const Key&) const = default;
 };
 
@@ -62,6 +63,7 @@ struct KeyHash {
       mix(static_cast<uint64_t>(v));
     mix(static_cast<uint64_t>(k.align_a) | static_cast<uint64_t>(k.align_b) << 16 |
         static_cast<uint64_t>(k.align_c) << 32 | static_cast<uint64_t>(k.align_d) << 48);
+    mix(static_cast<uint64_t>(k.sm_target));
     return static_cast<size_t>(h);
   }
 };
@@ -104,6 +106,7 @@ std::string describe(const Gemm& g) {
 struct Matmul::Impl {
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer workspace;
+  int sm_target = 0;
   std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
 
   const Plan& plan(const Key& key, const Gemm& g);
@@ -123,6 +126,10 @@ const Plan& Matmul::Impl::plan(const Key& key, const Gemm& g) {
            g);
   LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
            g);
+  if (key.sm_target > 0)
+    LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                            &key.sm_target, sizeof(key.sm_target)),
+             g);
   const cudaDataType_t ab = cuda_type(key.ab), cd = cuda_type(key.cd);
   // The row-major B is cuBLASLt's A: stored (n x k) column-major when not transposed.
   LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab, key.tb ? key.k : key.n, key.tb ? key.n : key.k,
@@ -193,6 +200,13 @@ Matmul::~Matmul() {
 
 size_t Matmul::plans() const { return impl_->plans.size(); }
 
+void Matmul::set_sm_target(int sms) {
+  TRAINER_CHECK(sms >= 0, "matmul: negative SM target {}", sms);
+  impl_->sm_target = sms;
+}
+
+int Matmul::sm_target() const { return impl_->sm_target; }
+
 void Matmul::run(const Gemm& g, cudaStream_t stream) {
   TRAINER_CHECK(g.m > 0 && g.n > 0 && g.k > 0 && g.batch >= 1, "matmul: bad sizes in {}",
                 describe(g));
@@ -236,7 +250,8 @@ void Matmul::run(const Gemm& g, cudaStream_t stream) {
                 alignment(g.a, g.lda, g.stride_a, batched, g.ab_type),
                 alignment(g.b, g.ldb, g.stride_b, batched, g.ab_type),
                 alignment(c, ldc, stride_c, batched, g.cd_type),
-                alignment(g.d, g.ldd, g.stride_d, batched, g.cd_type)};
+                alignment(g.d, g.ldd, g.stride_d, batched, g.cd_type),
+                impl_->sm_target};
   const Plan& p = impl_->plan(key, g);
   LT_CHECK(cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.b, p.a, g.a, p.b, &g.beta, c, p.c, g.d,
                           p.d, &p.algo, impl_->workspace.view().data, kWorkspaceBytes, stream),

@@ -66,6 +66,12 @@ class Matmul {
   // Number of distinct problems planned so far.
   size_t plans() const;
 
+  // SMs the following products are planned for (cuBLASLt's SM_COUNT_TARGET); 0 = the whole GPU.
+  // Set below the SM count while collectives run beside the products, so that a GEMM sized for
+  // every SM does not leave a second, nearly empty wave behind the SMs NCCL holds.
+  void set_sm_target(int sms);
+  int sm_target() const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
