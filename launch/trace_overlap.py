@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""Summarises a trainer --trace file: how much of each step's communication overlaps backward.
+
+    launch/trace_overlap.py TRACE.json
+
+Per rank and step (phases on track 0, collectives on track 1, as the trainer writes them):
+backward's span, the collectives launched, how many ended before backward did, the time the comm
+stream was busy, and the tail: how long after backward's end the last collective finished.
+"""
+import json
+import sys
+from collections import defaultdict
+
+
+def main():
+    events = json.load(open(sys.argv[1]))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    phases, colls = defaultdict(list), defaultdict(list)
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        span = (e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3, e["name"])
+        (phases if e.get("tid") == 0 else colls)[e["pid"]].append(span)
+    print("| rank | step | backward ms | collectives | ended inside backward | comm stream busy ms "
+          "| tail after backward ms |")
+    print("|---|---|---|---|---|---|---|")
+    for rank in sorted(phases):
+        backwards = sorted(p for p in phases[rank] if p[2] == "backward")
+        for step, (b0, b1, _) in enumerate(backwards):
+            # The collectives of this step start after its backward starts and before the next's.
+            nxt = backwards[step + 1][0] if step + 1 < len(backwards) else float("inf")
+            mine = [c for c in colls[rank] if b0 <= c[0] < nxt]
+            if not mine:
+                continue
+            inside = sum(1 for c in mine if c[1] <= b1)
+            busy = sum(c[1] - c[0] for c in mine)
+            tail = max(0.0, max(c[1] for c in mine) - b1)
+            print(f"| {rank} | {step} | {b1 - b0:.2f} | {len(mine)} | {inside} | {busy:.2f} "
+                  f"| {tail:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
