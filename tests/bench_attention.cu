@@ -7,8 +7,14 @@
 // matmuls, half the score matrix), backward = 2.5 x forward, forward+backward = 3.5 x forward.
 // The naive path computes the full T x T scores but is charged the same causal FLOPs.
 //
+// --kernels auto (default) runs what training runs: the Hopper wgmma kernels where
+// flash_attention_uses_wgmma says so, FA2 (mma.sync) elsewhere; --kernels mma-sync always FA2.
+// Each flash row says which kernel ran its forward and its backward (wgmma or mma.sync): the last
+// two CSV columns, fwd_kernel and bwd_kernel (empty on naive rows).
+//
 //   bench_attention [--csv out.csv] [--dh 64,128] [--tmin 256] [--tmax 16384] [--batch 4]
 //                   [--heads 16] [--iters 20] [--warmup 5] [--naive-max-t 8192]
+//                   [--kernels auto|mma-sync]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -51,12 +57,14 @@ struct Options {
   int iters = 20;
   int warmup = 5;
   int naive_max_t = 8192;
+  trainer::cuda::FlashKernels kernels = trainer::cuda::FlashKernels::kAuto;
 };
 
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "bench_attention: %s\nusage: bench_attention [--csv PATH] [--dh 64,128] [--tmin N] "
-               "[--tmax N] [--batch B] [--heads H] [--iters N] [--warmup N] [--naive-max-t N]\n",
+               "[--tmax N] [--batch B] [--heads H] [--iters N] [--warmup N] [--naive-max-t N] "
+               "[--kernels auto|mma-sync]\n",
                msg);
   std::exit(2);
 }
@@ -98,6 +106,15 @@ Options parse(int argc, char** argv) {
       o.warmup = parse_int("--warmup", next());
     } else if (a == "--naive-max-t") {
       o.naive_max_t = parse_int("--naive-max-t", next());
+    } else if (a == "--kernels") {
+      const std::string k = next();
+      if (k == "auto") {
+        o.kernels = trainer::cuda::FlashKernels::kAuto;
+      } else if (k == "mma-sync") {
+        o.kernels = trainer::cuda::FlashKernels::kMmaSync;
+      } else {
+        usage(("bad value for --kernels: " + k + " (auto or mma-sync)").c_str());
+      }
     } else if (a == "--help" || a == "-h") {
       usage("help");
     } else {
@@ -241,7 +258,16 @@ struct Row {
   std::string impl;
   int dh, T;
   double fwd_ms, bwd_ms, fwdbwd_ms, check;  // < 0: not measured
+  std::string fwd_kernel, bwd_kernel;       // "wgmma" or "mma.sync"; empty for naive rows
 };
+
+// The kernel flash_attention_forward / _backward run for head dim `dh` under `kernels`.
+const char* kernel_name(trainer::cuda::FlashKernels kernels, int dh, bool backward) {
+  return kernels == trainer::cuda::FlashKernels::kAuto &&
+                 trainer::cuda::flash_attention_uses_wgmma(dh, backward)
+             ? "wgmma"
+             : "mma.sync";
+}
 
 std::string fmt_num(double v, const char* f) {
   if (v < 0) return "-";
@@ -288,8 +314,9 @@ int run(const Options& opt) {
   CUDA_CHECK(cudaStreamCreate(&stream));
 
   std::vector<Row> rows;
-  std::printf("%-6s %4s %6s %10s %10s %10s %9s %9s %9s %9s\n", "impl", "dh", "T", "fwd_ms",
-              "bwd_ms", "fwdbwd_ms", "fwd_TF/s", "bwd_TF/s", "all_TF/s", "check");
+  std::printf("%-6s %4s %6s %10s %10s %10s %9s %9s %9s %9s %-8s %-8s\n", "impl", "dh", "T",
+              "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_TF/s", "bwd_TF/s", "all_TF/s", "check",
+              "fwd_kern", "bwd_kern");
   for (int dh : opt.head_dims) {
     for (int T = opt.tmin; T <= opt.tmax; T *= 2) {
       const int64_t n = static_cast<int64_t>(B) * T * H * dh;
@@ -298,13 +325,21 @@ int run(const Options& opt) {
       fill_random(v, n, 3);
       fill_random(dout, n, 4);
       auto fwd = [&] {
-        trainer::cuda::flash_attention_forward(q, k, v, o, lse, B, T, H, dh, stream);
+        trainer::cuda::flash_attention_forward(q, k, v, o, lse, B, T, H, dh, stream, opt.kernels);
       };
       auto bwd = [&] {
         trainer::cuda::flash_attention_backward(q, k, v, o, dout, lse, dq, dk, dv, ws, B, T, H, dh,
-                                                stream);
+                                                stream, opt.kernels);
       };
-      Row r{"flash", dh, T, -1, -1, -1, -1};
+      Row r{"flash",
+            dh,
+            T,
+            -1,
+            -1,
+            -1,
+            -1,
+            kernel_name(opt.kernels, dh, false),
+            kernel_name(opt.kernels, dh, true)};
       r.fwd_ms = median_ms(fwd, opt.warmup, opt.iters, stream);
       r.bwd_ms = median_ms(bwd, opt.warmup, opt.iters, stream);  // o, lse from the runs above
       r.fwdbwd_ms = median_ms(
@@ -313,7 +348,7 @@ int run(const Options& opt) {
             bwd();
           },
           opt.warmup, opt.iters, stream);
-      Row nr{"naive", dh, T, -1, -1, -1, -1};
+      Row nr{"naive", dh, T, -1, -1, -1, -1, "", ""};
       if (naive && T <= naive_t) {
         nr.fwd_ms = median_ms([&] { naive->run(q, k, v, o_naive, B, T, H, dh, stream); },
                               opt.warmup, opt.iters, stream);
@@ -324,13 +359,13 @@ int run(const Options& opt) {
       for (const Row& x : {r, nr}) {
         if (x.fwd_ms < 0) continue;
         auto tf = [](double flop, double ms) { return ms < 0 ? -1.0 : flop / (ms * 1e-3) / 1e12; };
-        std::printf("%-6s %4d %6d %10s %10s %10s %9s %9s %9s %9s\n", x.impl.c_str(), dh, T,
-                    fmt_num(x.fwd_ms, "%.4f").c_str(), fmt_num(x.bwd_ms, "%.4f").c_str(),
+        std::printf("%-6s %4d %6d %10s %10s %10s %9s %9s %9s %9s %-8s %-8s\n", x.impl.c_str(), dh,
+                    T, fmt_num(x.fwd_ms, "%.4f").c_str(), fmt_num(x.bwd_ms, "%.4f").c_str(),
                     fmt_num(x.fwdbwd_ms, "%.4f").c_str(),
                     fmt_num(tf(fwd_flop, x.fwd_ms), "%.1f").c_str(),
                     fmt_num(tf(2.5 * fwd_flop, x.bwd_ms), "%.1f").c_str(),
                     fmt_num(tf(3.5 * fwd_flop, x.fwdbwd_ms), "%.1f").c_str(),
-                    fmt_num(x.check, "%.2e").c_str());
+                    fmt_num(x.check, "%.2e").c_str(), x.fwd_kernel.c_str(), x.bwd_kernel.c_str());
         rows.push_back(x);
       }
       std::fflush(stdout);
@@ -346,15 +381,16 @@ int run(const Options& opt) {
     }
     std::fprintf(f,
                  "impl,batch,heads,head_dim,seq_len,fwd_ms,bwd_ms,fwd_bwd_ms,fwd_tflops,bwd_tflops,"
-                 "fwd_bwd_tflops,check_rel_err\n");
+                 "fwd_bwd_tflops,check_rel_err,fwd_kernel,bwd_kernel\n");
     for (const Row& x : rows) {
       const double fwd_flop = 2.0 * B * H * static_cast<double>(x.T) * x.T * x.dh;
       auto tf = [](double flop, double ms) { return ms < 0 ? -1.0 : flop / (ms * 1e-3) / 1e12; };
       auto cell = [](double v) { return v < 0 ? std::string() : fmt_num(v, "%.6g"); };
-      std::fprintf(f, "%s,%d,%d,%d,%d,%s,%s,%s,%s,%s,%s,%s\n", x.impl.c_str(), B, H, x.dh, x.T,
-                   cell(x.fwd_ms).c_str(), cell(x.bwd_ms).c_str(), cell(x.fwdbwd_ms).c_str(),
+      std::fprintf(f, "%s,%d,%d,%d,%d,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", x.impl.c_str(), B, H, x.dh,
+                   x.T, cell(x.fwd_ms).c_str(), cell(x.bwd_ms).c_str(), cell(x.fwdbwd_ms).c_str(),
                    cell(tf(fwd_flop, x.fwd_ms)).c_str(), cell(tf(2.5 * fwd_flop, x.bwd_ms)).c_str(),
-                   cell(tf(3.5 * fwd_flop, x.fwdbwd_ms)).c_str(), cell(x.check).c_str());
+                   cell(tf(3.5 * fwd_flop, x.fwdbwd_ms)).c_str(), cell(x.check).c_str(),
+                   x.fwd_kernel.c_str(), x.bwd_kernel.c_str());
     }
     std::fclose(f);
     std::printf("\nwrote %s\n", opt.csv.c_str());

@@ -1,7 +1,9 @@
-// GPU test of the FlashAttention-2 kernels: output, lse, dQ, dK and dV against a float64 CPU
+// GPU test of the FlashAttention kernels: output, lse, dQ, dK and dV against a float64 CPU
 // reference of causal softmax attention, on random bf16 inputs, for every supported head dim and
-// sequence lengths that exercise single tiles, tails and many tiles. Outputs are poisoned with
-// 0xFF bytes (NaN) before every run, so anything the kernels fail to write shows up.
+// sequence lengths that exercise single tiles, tails and many tiles, with both kernel choices:
+// kAuto (the Hopper wgmma kernels where flash_attention_uses_wgmma says so, FA2 elsewhere) and
+// kMmaSync (always FA2, so that path stays tested on Hopper too). Outputs are poisoned with 0xFF
+// bytes (NaN) before every run, so anything the kernels fail to write shows up.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +24,10 @@ using trainer::cuda::flash_attention_backward;
 using trainer::cuda::flash_attention_backward_workspace_bytes;
 using trainer::cuda::flash_attention_forward;
 using trainer::cuda::flash_attention_supports;
+using trainer::cuda::flash_attention_uses_wgmma;
+using trainer::cuda::FlashKernels;
+
+constexpr FlashKernels kBothKernels[] = {FlashKernels::kAuto, FlashKernels::kMmaSync};
 
 // bf16 <-> float by bit manipulation (round to nearest even), independent of the CUDA headers.
 uint16_t to_bf16(float f) {
@@ -164,8 +170,15 @@ struct Bf16Tensor {
   }
 };
 
-void check_against_reference(int B, int T, int H, int D, unsigned seed) {
-  INFO("B=" << B << " T=" << T << " H=" << H << " head_dim=" << D);
+// The kernel flash attention runs for head dim D under `kernels`.
+const char* kernel_name(FlashKernels kernels, int D, bool backward) {
+  return kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(D, backward) ? "wgmma"
+                                                                                   : "mma.sync";
+}
+
+void check_against_reference(int B, int T, int H, int D, unsigned seed, FlashKernels kernels) {
+  INFO("B=" << B << " T=" << T << " H=" << H << " head_dim=" << D << " forward "
+            << kernel_name(kernels, D, false) << " backward " << kernel_name(kernels, D, true));
   const size_t n = static_cast<size_t>(B) * T * H * D;
   const size_t n_rows = static_cast<size_t>(B) * H * T;
   std::mt19937 gen(seed);
@@ -184,10 +197,10 @@ void check_against_reference(int B, int T, int H, int D, unsigned seed) {
   CUDA_CHECK(cudaStreamCreate(&stream));
   using bf = __nv_bfloat16;
   flash_attention_forward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), d_o.as<bf>(), d_lse.as<float>(),
-                          B, T, H, D, stream);
+                          B, T, H, D, stream, kernels);
   flash_attention_backward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), d_o.as<bf>(), d_dout.as<bf>(),
                            d_lse.as<float>(), d_dq.as<bf>(), d_dk.as<bf>(), d_dv.as<bf>(), work.ptr,
-                           B, T, H, D, stream);
+                           B, T, H, D, stream, kernels);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CUDA_CHECK(cudaStreamDestroy(stream));
 
@@ -219,19 +232,55 @@ void check_against_reference(int B, int T, int H, int D, unsigned seed) {
 }  // namespace
 
 TEST_CASE("flash attention matches a float64 reference", "[gpu][flash_attention]") {
-  unsigned seed = 1;
-  for (int D : {16, 32, 64, 80, 128})
-    for (int T : {1, 17, 64, 100, 1000}) check_against_reference(2, T, 3, D, seed++);
+  for (FlashKernels kernels : kBothKernels) {
+    unsigned seed = 1;
+    for (int D : {16, 32, 64, 80, 128})
+      for (int T : {1, 17, 64, 100, 1000}) check_against_reference(2, T, 3, D, seed++, kernels);
+  }
 }
 
 TEST_CASE("flash attention with many heads and a single sequence", "[gpu][flash_attention]") {
   // B*H spread over grid.x, several key/query blocks per head, T not a multiple of any tile.
-  check_against_reference(1, 333, 20, 64, 101);
-  check_against_reference(3, 257, 2, 80, 102);
+  for (FlashKernels kernels : kBothKernels) {
+    check_against_reference(1, 333, 20, 64, 101, kernels);
+    check_against_reference(3, 257, 2, 80, 102, kernels);
+    check_against_reference(1, 300, 12, 128, 103, kernels);
+  }
+}
+
+TEST_CASE("flash attention runs the wgmma kernels where they are faster",
+          "[gpu][flash_attention]") {
+  int device = 0, major = 0, minor = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  for (int d : {16, 32, 80}) {
+    CHECK_FALSE(flash_attention_uses_wgmma(d, false));
+    CHECK_FALSE(flash_attention_uses_wgmma(d, true));
+  }
+  CHECK_FALSE(flash_attention_uses_wgmma(64, false));  // FA2 is as fast or faster there
+#ifdef TRAINER_SM90A
+  const bool hopper = major == 9 && minor == 0;
+#else
+  const bool hopper = false;  // not built for sm_90a: FA2 everywhere
+#endif
+  if (!hopper) {
+    CHECK_FALSE(flash_attention_uses_wgmma(128, false));
+    CHECK_FALSE(flash_attention_uses_wgmma(64, true));
+    CHECK_FALSE(flash_attention_uses_wgmma(128, true));
+    WARN("wgmma dispatch not checked: needs a build for sm_90a and compute capability 9.0, device "
+         << major << "." << minor);
+    return;
+  }
+  CHECK(flash_attention_uses_wgmma(128, false));
+  CHECK(flash_attention_uses_wgmma(64, true));
+  CHECK(flash_attention_uses_wgmma(128, true));
 }
 
 TEST_CASE("flash attention forward is deterministic", "[gpu][flash_attention]") {
-  const int B = 2, T = 300, H = 4, D = 64;
+  // dh 128 runs the wgmma forward on Hopper (kAuto), dh 64 the FA2 one everywhere.
+  const int D = GENERATE(64, 128);
+  const int B = 2, T = 300, H = 4;
   const size_t n = static_cast<size_t>(B) * T * H * D;
   std::mt19937 gen(7);
   const Bf16Tensor q(n, gen), k(n, gen), v(n, gen);

@@ -13,20 +13,19 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 
-#include "core/cuda_check.h"
 #include "core/error.h"
+#include "model/cuda/flash/launch.h"
 #include "model/cuda/flash/warp_mma.cuh"
+#include "model/cuda/flash/wgmma_backward.h"
+#include "model/cuda/flash/wgmma_forward.h"
 #include "model/cuda/flash_attention.h"
 
 namespace trainer::cuda {
 namespace flash {
 namespace {
-
-constexpr float kLog2e = 1.4426950408889634f;
 
 // ---------------------------------------------------------------------------------------------
 // Tile configurations. Every warp owns 16 * kMTiles query rows (forward) or 16 key rows
@@ -109,18 +108,6 @@ struct BwdTraits : BwdConfig<D, 64, 8> {};
 //   l = alpha * l + rowsum(p),   O = alpha * O + p V.
 // At the end O /= l and lse = (m + log2(l)) / log2(e).
 // ---------------------------------------------------------------------------------------------
-struct FwdParams {
-  const bf16* q;
-  const bf16* k;
-  const bf16* v;
-  bf16* o;
-  float* lse;
-  int T;
-  int H;
-  float scale;       // 1/sqrt(dh)
-  float scale_log2;  // scale * log2(e)
-};
-
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     flash_fwd_kernel(const FwdParams p) {
@@ -427,22 +414,6 @@ __global__ void __launch_bounds__(DotConfig<D>::kThreads)
 //   dS^T -> shared memory;  dQ_acc += dS K  (fp32 atomicAdd into the workspace; no separate pass).
 // scale is applied to dK here and to dQ in the conversion kernel.
 // ---------------------------------------------------------------------------------------------
-struct BwdParams {
-  const bf16* q;
-  const bf16* k;
-  const bf16* v;
-  const bf16* dout;
-  const float* lse;   // (B, H, T)
-  const float* dsum;  // D, (B, H, T), written by the kernel above
-  float* dq_acc;      // (B, T, H, dh) fp32, zeroed before the launch
-  bf16* dk;
-  bf16* dv;
-  int T;
-  int H;
-  float scale;
-  float scale_log2;
-};
-
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_kernel(const BwdParams p) {
   constexpr int D = Cfg::kHeadDim;
@@ -750,31 +721,15 @@ __global__ void flash_bwd_convert_dq_kernel(const float* __restrict__ acc, bf16*
 // Host side.
 // ---------------------------------------------------------------------------------------------
 
-// Raises the dynamic shared-memory limit of `kernel` once per device (needed above 48 KB).
-template <class Kernel>
-void ensure_smem_limit(Kernel kernel, int bytes, std::atomic<uint64_t>& configured) {
-  if (bytes <= 48 * 1024) return;
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit != 0 && (configured.load(std::memory_order_relaxed) & bit)) return;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  configured.fetch_or(bit, std::memory_order_relaxed);
-}
-
 template <int D>
 void launch_forward(const FwdParams& p, int B, cudaStream_t stream) {
   using Cfg = FwdTraits<D>;
-  static std::atomic<uint64_t> configured{0};
-  auto kernel = flash_fwd_kernel<Cfg>;
-  ensure_smem_limit(kernel, Cfg::kSmemBytes, configured);
-  const dim3 grid(static_cast<unsigned>(B) * p.H, (p.T + Cfg::kBlockM - 1) / Cfg::kBlockM);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH("flash_fwd_kernel");
+  launch_over_heads<flash_fwd_kernel<Cfg>>(p, B, Cfg::kBlockM, Cfg::kThreads, Cfg::kSmemBytes,
+                                           stream, "flash_fwd_kernel");
 }
 
 template <int D>
-void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, int B,
+void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, int B, bool wgmma,
                      cudaStream_t stream) {
   using Cfg = BwdTraits<D>;
   const int64_t rows = static_cast<int64_t>(B) * p.T * p.H;
@@ -787,13 +742,11 @@ void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, i
         <<<blocks, Dot::kThreads, 0, stream>>>(o, p.dout, dsum, B, p.T, p.H);
     CUDA_CHECK_LAUNCH("flash_bwd_dot_do_o_kernel");
   }
-  {
-    static std::atomic<uint64_t> configured{0};
-    auto kernel = flash_bwd_kernel<Cfg>;
-    ensure_smem_limit(kernel, Cfg::kSmemBytes, configured);
-    const dim3 grid(static_cast<unsigned>(B) * p.H, (p.T + Cfg::kBlockN - 1) / Cfg::kBlockN);
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-    CUDA_CHECK_LAUNCH("flash_bwd_kernel");
+  if (wgmma) {
+    flash_wgmma_backward_main(p, B, D, stream);
+  } else {
+    launch_over_heads<flash_bwd_kernel<Cfg>>(p, B, Cfg::kBlockN, Cfg::kThreads, Cfg::kSmemBytes,
+                                             stream, "flash_bwd_kernel");
   }
   {
     constexpr int kThreads = 256;
@@ -802,13 +755,6 @@ void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, i
     flash_bwd_convert_dq_kernel<<<blocks, kThreads, 0, stream>>>(p.dq_acc, dq, n8, p.scale);
     CUDA_CHECK_LAUNCH("flash_bwd_convert_dq_kernel");
   }
-}
-
-// Messages are formatted with fmt::runtime so this file compiles whatever fmt's compile-time
-// format checking makes of nvcc.
-template <typename... Args>
-[[noreturn]] void fail(const char* format, const Args&... args) {
-  throw UsageError(fmt::format(fmt::runtime(format), args...));
 }
 
 void check_common(int B, int T, int H, int head_dim, const char* what) {
@@ -823,13 +769,21 @@ void check_common(int B, int T, int H, int head_dim, const char* what) {
     fail("{}: shape B={}, T={}, H={} is too large (T <= {}, B*H < 2^31)", what, B, T, H, kMaxT);
 }
 
-void check_tensor(const void* ptr, const char* name, const char* what, size_t align) {
-  if (ptr == nullptr) fail("{}: tensor {} is a null pointer", what, name);
-  if (reinterpret_cast<uintptr_t>(ptr) % align != 0)
-    fail("{}: tensor {} at {} is not {}-byte aligned", what, name, ptr, align);
+#ifdef TRAINER_SM90A
+// Compute capability exactly 9.0 (H100, H200): the only devices the sm_90a wgmma code runs on.
+bool current_device_is_sm90() {
+  int device = 0;
+  int major = 0;
+  int minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();  // leave no sticky error behind for the next CUDA_CHECK_LAUNCH
+    return false;
+  }
+  return major == 9 && minor == 0;
 }
-
-constexpr size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+#endif
 
 }  // namespace
 }  // namespace flash
@@ -838,9 +792,20 @@ bool flash_attention_supports(int head_dim) {
   return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 80 || head_dim == 128;
 }
 
+bool flash_attention_uses_wgmma(int head_dim, bool backward) {
+#ifdef TRAINER_SM90A
+  const bool faster = backward ? (head_dim == 64 || head_dim == 128) : head_dim == 128;
+  return faster && flash::current_device_is_sm90();
+#else
+  (void)head_dim;
+  (void)backward;
+  return false;
+#endif
+}
+
 void flash_attention_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                              __nv_bfloat16* o, float* lse, int B, int T, int H, int head_dim,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, FlashKernels kernels) {
   constexpr const char* kWhat = "flash_attention_forward";
   flash::check_common(B, T, H, head_dim, kWhat);
   flash::check_tensor(q, "q", kWhat, 16);
@@ -850,6 +815,10 @@ void flash_attention_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, con
   flash::check_tensor(lse, "lse", kWhat, 4);
   const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
   const flash::FwdParams p{q, k, v, o, lse, T, H, scale, scale * flash::kLog2e};
+  if (kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(head_dim, false)) {
+    flash::flash_wgmma_forward(p, B, head_dim, stream);
+    return;
+  }
   switch (head_dim) {
     case 16:
       flash::launch_forward<16>(p, B, stream);
@@ -883,7 +852,7 @@ void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* v, const __nv_bfloat16* o,
                               const __nv_bfloat16* dout, const float* lse, __nv_bfloat16* dq,
                               __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, int B, int T,
-                              int H, int head_dim, cudaStream_t stream) {
+                              int H, int head_dim, cudaStream_t stream, FlashKernels kernels) {
   constexpr const char* kWhat = "flash_attention_backward";
   flash::check_common(B, T, H, head_dim, kWhat);
   flash::check_tensor(q, "q", kWhat, 16);
@@ -903,21 +872,22 @@ void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
   const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
   const flash::BwdParams p{
       q, k, v, dout, lse, dsum, dq_acc, dk, dv, T, H, scale, scale * flash::kLog2e};
+  const bool wgmma = kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(head_dim, true);
   switch (head_dim) {
     case 16:
-      flash::launch_backward<16>(p, o, dsum, dq, B, stream);
+      flash::launch_backward<16>(p, o, dsum, dq, B, wgmma, stream);
       break;
     case 32:
-      flash::launch_backward<32>(p, o, dsum, dq, B, stream);
+      flash::launch_backward<32>(p, o, dsum, dq, B, wgmma, stream);
       break;
     case 64:
-      flash::launch_backward<64>(p, o, dsum, dq, B, stream);
+      flash::launch_backward<64>(p, o, dsum, dq, B, wgmma, stream);
       break;
     case 80:
-      flash::launch_backward<80>(p, o, dsum, dq, B, stream);
+      flash::launch_backward<80>(p, o, dsum, dq, B, wgmma, stream);
       break;
     case 128:
-      flash::launch_backward<128>(p, o, dsum, dq, B, stream);
+      flash::launch_backward<128>(p, o, dsum, dq, B, wgmma, stream);
       break;
     default:
       flash::fail("{}: head dim {} is not supported", kWhat, head_dim);

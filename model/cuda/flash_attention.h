@@ -15,10 +15,26 @@ namespace trainer::cuda {
 // True for the head dimensions the kernels are built for (16, 32, 64, 80, 128).
 bool flash_attention_supports(int head_dim);
 
+// Which kernels run. Every head dim has FlashAttention-2 kernels on mma.sync (any GPU from sm_80
+// on). Hopper also has warpgroup-MMA (wgmma) kernels for head dims 64 and 128, used by kAuto only
+// where they were measured faster (H200, B=4, H=16, causal, T 1024..16384):
+//   forward,  head dim 128: wgmma 1.24-1.47x faster than FA2 -> wgmma;
+//   forward,  head dim 64:  wgmma 0.95-0.97x up to T 8192 (1.05x at 16384) -> FA2;
+//   backward, head dims 64 and 128: wgmma main kernel 1.27-1.47x faster -> wgmma.
+// kMmaSync always runs the FA2 kernels (tests and benchmarks keep that path covered on Hopper).
+// Both agree to bf16 rounding (the tests hold them to the same tolerances); the backward's D and
+// dq-conversion kernels and its workspace are the same either way.
+enum class FlashKernels { kAuto, kMmaSync };
+
+// True when kAuto runs the wgmma kernel for this head dim (forward or backward): the build targets
+// sm_90a (TRAINER_SM90A, set when CMAKE_CUDA_ARCHITECTURES lists 90a), the current device has
+// compute capability exactly 9.0, and the kernel is the faster one (see above).
+bool flash_attention_uses_wgmma(int head_dim, bool backward);
+
 // o and lse are overwritten; lse feeds the backward. Work is queued on `stream` (no sync).
 void flash_attention_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                              __nv_bfloat16* o, float* lse, int B, int T, int H, int head_dim,
-                             cudaStream_t stream);
+                             cudaStream_t stream, FlashKernels kernels = FlashKernels::kAuto);
 
 // Scratch the backward needs: an fp32 dq accumulator (B*T*H*dh floats) and D = rowsum(dO * O)
 // (B*H*T floats), each rounded up to 256 bytes.
@@ -32,6 +48,7 @@ void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* v, const __nv_bfloat16* o,
                               const __nv_bfloat16* dout, const float* lse, __nv_bfloat16* dq,
                               __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, int B, int T,
-                              int H, int head_dim, cudaStream_t stream);
+                              int H, int head_dim, cudaStream_t stream,
+                              FlashKernels kernels = FlashKernels::kAuto);
 
 }  // namespace trainer::cuda

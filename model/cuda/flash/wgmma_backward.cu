@@ -1,0 +1,492 @@
+// Causal attention backward for Hopper (sm_90a) on warpgroup MMA (wgmma.mma_async):
+// the main kernel of the FlashAttention-2 backward (flash_bwd_kernel in flash_attention.cu) with
+// the same inputs, outputs and conventions; see wgmma_backward.h. Head dims 64 and 128.
+//
+// Notation for one (b, h): scale = 1/sqrt(dh), S = scale Q K^T (causal), P = exp(S - lse),
+//   dV = P^T dO,  dP = dO V^T,  dS = P o (dP - D),  dQ = scale dS K,  dK = scale dS^T Q.
+//
+// Design (no producer warp, no TMA, no mbarriers; the same building blocks as the forward):
+//   * One CTA = 128 keys of one (batch, head) = 2 warpgroups (256 threads); warpgroup w owns keys
+//     [64w, 64w + 64) of the block and keeps their dK and dV (64 x dh fp32 each) in registers for
+//     the whole kernel. Grid (B*H, ceil(T/128)); key block 0 (the most query tiles) first.
+//   * K and V of the block stay in shared memory. The CTA sweeps the query tiles of BM queries
+//     from the one holding its first key to the end of the sequence (tiles entirely before the
+//     keys see none of them and are skipped); Q, dO, lse and D of tile m+1 are loaded with cp.async
+//     into the other half of a 2-stage buffer while tile m is computed.
+//   * Per query tile, per warpgroup, transposed so that the warpgroup's keys are wgmma's M:
+//       S^T  = K Q^T             SS, A = K (K-major), B = Q (K-major),  M 64, N BM, K dh
+//       dP^T = V dO^T            SS, A = V, B = dO (both K-major),      M 64, N BM, K dh
+//       P^T  = exp2(S^T scale log2e - lse log2e), 0 where key > query or query >= T
+//       dS^T = P^T o (dP^T - D)
+//       dV  += P^T dO            RS, A = P^T (registers, bf16), B = dO MN-major, M 64, N dh, K BM
+//       dK  += dS^T Q            RS, A = dS^T (registers),      B = Q MN-major,  M 64, N dh, K BM
+//     dS^T (bf16) also goes to shared memory (keys x queries, SW128), then, after a CTA barrier,
+//       dQ_tile = dS K           SS, A = dS = (stored dS^T) read MN-major (imm-trans-a = 1),
+//                                    B = K MN-major (keys x dh, imm-trans-b = 1), M 64, N 64, K 128
+//     and each thread adds its accumulator to dq_acc with fp32 vector reductions.
+//   * The dQ tile (BM x dh) is split so that each warpgroup does one m64n64 product over all 128
+//     keys: dh 128 (BM 64): warpgroup w takes dh columns [64w, 64w + 64) = K panel w;
+//     dh 64 (BM 128): warpgroup w takes queries [64w, 64w + 64) = dS^T panel w. Both halves need
+//     the dS^T of both warpgroups, hence the barrier.
+//   * Tiles: dh 128 uses BM = 64 (S^T and dP^T are 32 floats per thread each, dK + dV 128);
+//     dh 64 uses BM = 128 (S^T, dP^T 64 each, dK + dV 64). Either way ~192 accumulator floats
+//     per thread at the peak; ptxas -v reports the registers (no spills).
+//   * Shared memory (all tiles SW128 in 64-column panels, 1024-byte aligned, see wgmma.cuh):
+//     K, V 128 x dh each; 2 stages of Q and dO (BM x dh); dS^T 128 x BM; 2 stages of lse, D.
+//     dh 128: 145 KB + 1 KB alignment slack; dh 64: 130 KB + 1 KB. One CTA (8 warps) per SM.
+//   * Epilogue: dK (scaled) and dV are staged as bf16 in the K and V tiles (no longer read) and
+//     written out with 16-byte stores, rows >= T skipped.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/error.h"
+#include "model/cuda/flash/launch.h"
+#include "model/cuda/flash/warp_mma.cuh"
+#include "model/cuda/flash/wgmma.cuh"
+#include "model/cuda/flash/wgmma_backward.h"
+
+namespace trainer::cuda {
+namespace flash::wgbwd {
+namespace {
+
+// Built for another architecture, the kernel body is compiled out and nvcc would report the
+// members only it uses as unreferenced (#177).
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 177
+template <int kHeadDim_, int kBlockM_>
+struct ConfigBase {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // queries per tile
+  static constexpr int kBlockN = 128;       // keys per CTA (64 per warpgroup)
+  static constexpr int kThreads = 256;
+  static constexpr int kPanelKV = kBlockN * 128;  // bytes of one 64-column panel of K / V / dS^T
+  static constexpr int kPanelQ = kBlockM * 128;   // bytes of one 64-column panel of Q / dO
+  static constexpr int kTileKV = kBlockN * kHeadDim * 2;
+  static constexpr int kTileQ = kBlockM * kHeadDim * 2;
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  // Byte offsets from the 1024-aligned base.
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kTileKV;
+  static constexpr int kOffQ = kOffV + kTileKV;      // stage s at + s * kTileQ
+  static constexpr int kOffDO = kOffQ + 2 * kTileQ;  // stage s at + s * kTileQ
+  static constexpr int kOffDS = kOffDO + 2 * kTileQ;
+  static constexpr int kOffL = kOffDS + kDsBytes;  // 2 stages of kBlockM floats
+  static constexpr int kOffD = kOffL + 2 * kBlockM * 4;
+  static constexpr int kSmemBytes = kOffD + 2 * kBlockM * 4 + 1024;
+  // dQ split: true = warpgroups take 64 query rows each (dS^T panel w, all dh = 64 columns);
+  // false = warpgroups take 64 dh columns each (K panel w, all BM = 64 queries).
+  static constexpr bool kDqSplitRows = kBlockM == 128;
+  // Register-lean order of the per-tile work (see the kernel): dP^T is issued only after P^T was
+  // packed to bf16 (no S^T / dP^T overlap), and dS^T uses that bf16 copy of P^T. Needed at
+  // BM = 128 to stay within 255 registers.
+  static constexpr bool kEarlyP = kBlockM == 128;
+  static_assert(kHeadDim % 64 == 0 && kBlockM % 64 == 0, "tiles are whole 64-column panels");
+  static_assert(kDqSplitRows ? (kHeadDim == 64) : (kBlockM == 64 && kHeadDim == 128),
+                "each warpgroup's share of the dQ tile is one 64 x 64 block");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
+};
+#pragma nv_diagnostic pop
+
+template <int D>
+struct Config;
+template <>
+struct Config<64> : ConfigBase<64, 128> {};
+template <>
+struct Config<128> : ConfigBase<128, 64> {};
+
+template <int D>
+__global__ void __launch_bounds__(Config<D>::kThreads, 1)
+    flash_wgmma_bwd_kernel(const BwdParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = Config<D>;
+  constexpr int BM = Cfg::kBlockM;
+  constexpr int BN = Cfg::kBlockN;
+  constexpr int kThreads = Cfg::kThreads;
+  constexpr int kKD = D / 16;      // k-chunks of S^T, dP^T (over dh)
+  constexpr int kKM = BM / 16;     // k-chunks of dV, dK (over the tile's queries)
+  constexpr int kKN = BN / 16;     // k-chunks of dQ (over the block's keys)
+  constexpr int kSRegs = BM / 2;   // S^T / dP^T floats per thread (64 x BM per warpgroup)
+  constexpr int kAccRegs = D / 2;  // dK / dV floats per thread (64 x dh per warpgroup)
+  using MmaS = wg::Wgmma<BM>;
+  using MmaKV = wg::Wgmma<D>;
+  using MmaQ = wg::Wgmma<64>;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t s_base = (raw_addr + 1023u) & ~1023u;
+  unsigned char* const s_base_ptr = smem_raw + (s_base - raw_addr);
+  const uint32_t sK = s_base + Cfg::kOffK;
+  const uint32_t sV = s_base + Cfg::kOffV;
+  const uint32_t sQ = s_base + Cfg::kOffQ;
+  const uint32_t sdO = s_base + Cfg::kOffDO;
+  const uint32_t sdS = s_base + Cfg::kOffDS;
+  unsigned char* const sdS_ptr = s_base_ptr + Cfg::kOffDS;
+  float* const sL = reinterpret_cast<float*>(s_base_ptr + Cfg::kOffL);
+  float* const sDs = reinterpret_cast<float*>(s_base_ptr + Cfg::kOffD);
+
+  const int tid = threadIdx.x;
+  const int wgi = tid >> 7;    // warpgroup (0 or 1)
+  const int wtid = tid & 127;  // thread within the warpgroup
+  const int warp = wtid >> 5;  // warp within the warpgroup
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int T = p.T;
+  const int bh = blockIdx.x;
+  const int b = bh / p.H;
+  const int h = bh % p.H;
+  const int n0 = blockIdx.y * BN;
+  const int64_t ld = static_cast<int64_t>(p.H) * D;
+  const int64_t head_off = static_cast<int64_t>(b) * T * ld + static_cast<int64_t>(h) * D;
+  const bf16* q = p.q + head_off;
+  const bf16* k = p.k + head_off;
+  const bf16* v = p.v + head_off;
+  const bf16* dout = p.dout + head_off;
+  const float* lse = p.lse + static_cast<int64_t>(bh) * T;
+  const float* dsum = p.dsum + static_cast<int64_t>(bh) * T;
+  float* dq_acc = p.dq_acc + head_off;
+  const int m_begin = n0 / BM;  // first query tile holding a query >= the block's first key
+  const int m_end = (T + BM - 1) / BM;
+  const int key_wg = n0 + wgi * 64;            // first key of this warpgroup
+  const int key_l = wgi * 64 + warp * 16 + g;  // this thread's key rows in the block: key_l, +8
+
+  auto load_query_tile = [&](int m, int stage) {
+    const int m0 = m * BM;
+    wg::load_tile_sw128<BM, D, kThreads>(sQ + stage * Cfg::kTileQ, q + m0 * ld, ld, T - m0, tid);
+    wg::load_tile_sw128<BM, D, kThreads>(sdO + stage * Cfg::kTileQ, dout + m0 * ld, ld, T - m0,
+                                         tid);
+    load_vec_async<BM, kThreads>(sL + stage * BM, lse + m0, T - m0, tid);
+    load_vec_async<BM, kThreads>(sDs + stage * BM, dsum + m0, T - m0, tid);
+  };
+  wg::load_tile_sw128<BN, D, kThreads>(sK, k + n0 * ld, ld, T - n0, tid);
+  wg::load_tile_sw128<BN, D, kThreads>(sV, v + n0 * ld, ld, T - n0, tid);
+  load_query_tile(m_begin, 0);
+  cp_async_commit();
+
+  // Descriptors (SW128, wgmma.cuh).
+  //  K-major A of S^T / dP^T: this warpgroup's 64 key rows of K / V (row 64w starts at byte
+  //    64w * 128 = 8 whole atoms in, so 1024-aligned), 8-row atoms 1024 bytes apart.
+  //  K-major B of S^T / dP^T: the BM query rows of Q / dO (+ stage offset).
+  //  MN-major B of dV / dK: dO / Q as (K = queries) x (N = dh), LBO = panel size (dh 128 spans two
+  //    64-column panels), SBO = 1024 (8 query rows).
+  //  dQ: A = dS^T tile as MN-major A (M = queries contiguous within a 128-byte row, K = keys at
+  //    128 bytes); B = K as MN-major (N = dh contiguous, K = keys). Each warpgroup's 64 x 64 share
+  //    starts at a panel boundary: dS^T panel w (query split) or K panel w (column split).
+  const uint64_t desc_k = wg::make_desc_sw128(sK + wgi * 64 * 128, 16, 1024);
+  const uint64_t desc_v = wg::make_desc_sw128(sV + wgi * 64 * 128, 16, 1024);
+  const uint64_t desc_q = wg::make_desc_sw128(sQ, 16, 1024);
+  const uint64_t desc_do = wg::make_desc_sw128(sdO, 16, 1024);
+  const uint64_t desc_q_mn = wg::make_desc_sw128(sQ, Cfg::kPanelQ, 1024);
+  const uint64_t desc_do_mn = wg::make_desc_sw128(sdO, Cfg::kPanelQ, 1024);
+  const uint64_t desc_ds =
+      wg::make_desc_sw128(sdS + (Cfg::kDqSplitRows ? wgi * Cfg::kPanelKV : 0), Cfg::kPanelKV, 1024);
+  const uint64_t desc_k_mn =
+      wg::make_desc_sw128(sK + (Cfg::kDqSplitRows ? 0 : wgi * Cfg::kPanelKV), Cfg::kPanelKV, 1024);
+  // This warpgroup's share of the dQ tile: rows [dq_row0, +64), columns [dq_col0, +64).
+  const int dq_row0 = Cfg::kDqSplitRows ? wgi * 64 : 0;
+  const int dq_col0 = Cfg::kDqSplitRows ? 0 : wgi * 64;
+
+  float acc_dk[kAccRegs];
+  float acc_dv[kAccRegs];
+#pragma unroll
+  for (int i = 0; i < kAccRegs; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+
+  // dP^T = V dO^T (raw fp32), K-major A = V rows of this warpgroup, K-major B = dO.
+  auto issue_dp = [&](float(&acc)[kSRegs], uint32_t q_off) {
+#pragma unroll
+    for (int kk = 0; kk < kKD; ++kk) {
+      const uint64_t a_desc = wg::desc_advance(desc_v, wg::kmajor_chunk_offset<BN>(kk));
+      const uint64_t b_desc = wg::desc_advance(desc_do, q_off + wg::kmajor_chunk_offset<BM>(kk));
+      if (kk == 0) {
+        MmaS::ss_overwrite(acc, a_desc, b_desc);
+      } else {
+        MmaS::ss(acc, a_desc, b_desc, 1);
+      }
+    }
+  };
+  // dV += P^T dO. k-chunk kk = queries 16kk .. 16kk+15 = rows 16kk.. of every 64-column panel of
+  // dO: + 16kk * 128 bytes (the same holds for Q in dK += dS^T Q).
+  auto issue_dv = [&](const uint32_t(&a)[kKM][4], uint32_t q_off) {
+#pragma unroll
+    for (int kk = 0; kk < kKM; ++kk)
+      MmaKV::rs_mn(acc_dv, a[kk],
+                   wg::desc_advance(desc_do_mn, q_off + wg::mnmajor_chunk_offset(kk)), 1);
+  };
+
+  for (int m = m_begin, it = 0; m < m_end; ++m, ++it) {
+    const int stage = it & 1;
+    const int m0 = m * BM;
+    // This tile landed for every thread and is handed to the async proxy; the barrier also
+    // guarantees every warpgroup finished all wgmma of the previous tile (they were waited on),
+    // so the other stage and the dS^T tile may be overwritten.
+    cp_async_wait<0>();
+    wg::fence_proxy_async_shared();
+    __syncthreads();
+    if (m + 1 < m_end) {
+      load_query_tile(m + 1, stage ^ 1);
+      cp_async_commit();
+    }
+    const uint32_t q_off = stage * Cfg::kTileQ;
+    const float* sLs = sL + stage * BM;
+    const float* sDss = sDs + stage * BM;
+
+    float s[kSRegs];
+    float dp[kSRegs];
+    uint32_t pa[kKM][4];
+    uint32_t da[kKM][4];
+    const bool need_mask = (key_wg + 63 > m0) || (m0 + BM > T);
+    const int key_rel = n0 + key_l - m0 - 2 * t;  // masked: 8i + (e & 1) - 8 (e >> 1) < key_rel
+    const int q_lim = T - m0 - 2 * t;             // masked: 8i + (e & 1) >= q_lim
+
+    // S^T = K Q^T (raw fp32 dot products).
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < kKD; ++kk) {
+      const uint64_t a_desc = wg::desc_advance(desc_k, wg::kmajor_chunk_offset<BN>(kk));
+      const uint64_t b_desc = wg::desc_advance(desc_q, q_off + wg::kmajor_chunk_offset<BM>(kk));
+      if (kk == 0) {
+        MmaS::ss_overwrite(s, a_desc, b_desc);
+      } else {
+        MmaS::ss(s, a_desc, b_desc, 1);
+      }
+    }
+    wg::commit_group();
+    if constexpr (!Cfg::kEarlyP) {
+      // dP^T = V dO^T in its own group, running while P^T is computed.
+      issue_dp(dp, q_off);
+      wg::commit_group();
+      wg::wait_group<1>();
+    } else {
+      wg::wait_group<0>();
+    }
+    wg::fence_operands(s);
+
+    // P^T. Accumulator element s[4i + e] is key key_l + 8 (e >> 1), query m0 + 8i + 2t + (e & 1)
+    // (wgmma.cuh D layout with rows = keys, columns = queries). Masked: key > query (the causal
+    // mask; keys >= T are beyond every query < T) and queries >= T (zero-filled Q rows would give
+    // P = exp2(0 - 0) = 1 there).
+#pragma unroll
+    for (int i = 0; i < BM / 8; ++i) {
+      const float2 l2 = *reinterpret_cast<const float2*>(sLs + i * 8 + 2 * t);
+      const float lse2[2] = {l2.x * kLog2e, l2.y * kLog2e};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pv = fast_exp2(fmaf(s[4 * i + e], p.scale_log2, -lse2[e & 1]));
+        if (need_mask) {
+          // key = n0 + key_l + 8 (e >> 1), query = m0 + 8i + 2t + (e & 1), relative to 2t.
+          const int qi = i * 8 + (e & 1);
+          if (qi - (e >> 1) * 8 < key_rel || qi >= q_lim) pv = 0.f;
+        }
+        s[4 * i + e] = pv;
+      }
+    }
+
+    // P^T and dS^T (bf16) as register A operands of dV / dK (M = keys, K = queries): k-chunk kk =
+    // queries 16kk .. 16kk+15 = accumulator 8-column blocks 2kk and 2kk+1 = elements
+    // [8kk, 8kk + 8). Packed as pairs (8kk + 2j, 8kk + 2j + 1), j = 0..3, they are
+    //   j = 0: key row g,     queries 2t, 2t+1        = a[0]
+    //   j = 1: key row g + 8, queries 2t, 2t+1        = a[1]
+    //   j = 2: key row g,     queries 8 + 2t, 9 + 2t  = a[2]
+    //   j = 3: key row g + 8, queries 8 + 2t, 9 + 2t  = a[3]
+    // of the chunk, exactly the A-from-registers layout of wgmma.cuh (same argument as the
+    // forward's P). No data moves between threads.
+#pragma unroll
+    for (int kk = 0; kk < kKM; ++kk)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) pa[kk][j] = pack_bf16(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+
+    if constexpr (Cfg::kEarlyP) {
+      // Register-lean order (dh 64): the fp32 P^T dies here, then dP^T = V dO^T. (dV is issued
+      // with dK below, not now: dS^T reads the bf16 P^T registers, and the A registers of an
+      // in-flight wgmma must not be accessed.)
+#pragma unroll
+      for (int kk = 0; kk < kKM; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wg::fence_operand(pa[kk][j]);
+      wg::fence();
+      issue_dp(dp, q_off);
+      wg::commit_group();
+      wg::wait_group<0>();
+    } else {
+      // Default order (dh 128): dS^T uses the fp32 P^T, so the bf16 copy is free to feed
+      // dV += P^T dO right away; it runs while dS^T is computed. Groups in flight: dP^T, dV.
+#pragma unroll
+      for (int kk = 0; kk < kKM; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wg::fence_operand(pa[kk][j]);
+      wg::fence_operands(acc_dv);
+      wg::fence();
+      issue_dv(pa, q_off);
+      wg::commit_group();
+      wg::wait_group<1>();  // dP^T done
+    }
+    wg::fence_operands(dp);
+
+    // dS^T = P^T o (dP^T - D), same element positions. In the register-lean order P^T is taken
+    // back from its bf16 copy (the one dV uses), an extra relative rounding of at most 2^-9.
+#pragma unroll
+    for (int i = 0; i < BM / 8; ++i) {
+      const float2 d2 = *reinterpret_cast<const float2*>(sDss + i * 8 + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        float p0, p1;
+        if constexpr (Cfg::kEarlyP) {
+          // Element 4i + e = 8 (i / 2) + 2j with j = 2 (i % 2) + e / 2.
+          const float2 pf = unpack_bf16(pa[i >> 1][2 * (i & 1) + (e >> 1)]);
+          p0 = pf.x;
+          p1 = pf.y;
+        } else {
+          p0 = s[4 * i + e];
+          p1 = s[4 * i + e + 1];
+        }
+        dp[4 * i + e] = p0 * (dp[4 * i + e] - d2.x);
+        dp[4 * i + e + 1] = p1 * (dp[4 * i + e + 1] - d2.y);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKM; ++kk)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) da[kk][j] = pack_bf16(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
+
+        // dS^T to shared memory for the dQ product: row = key (block-local), column = query
+        // (tile-local), SW128 panels of 64 queries (panel size 128 rows * 128 bytes). Register j of
+        // chunk kk holds key row key_l + 8 (j & 1), queries 16kk + 8 (j >> 1) + 2t, +1 (see above).
+        // For one (kk, j) the warp's 8 rows g land in 8 different 16-byte chunk positions of their
+        // 128-byte rows and t picks the 4-byte word: all 32 banks, no conflict.
+#pragma unroll
+    for (int kk = 0; kk < kKM; ++kk)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int row = key_l + 8 * (j & 1);
+        const int col = 16 * kk + 8 * (j >> 1) + 2 * t;
+        *reinterpret_cast<uint32_t*>(sdS_ptr + wg::sw128_offset<BN>(row, col)) = da[kk][j];
+      }
+#pragma unroll
+    for (int kk = 0; kk < kKM; ++kk)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        wg::fence_operand(pa[kk][j]);
+        wg::fence_operand(da[kk][j]);
+      }
+
+    // dK += dS^T Q (and dV += P^T dO in the register-lean order).
+    wg::fence_operands(acc_dk);
+    if constexpr (Cfg::kEarlyP) wg::fence_operands(acc_dv);
+    wg::fence();
+    if constexpr (Cfg::kEarlyP) issue_dv(pa, q_off);
+#pragma unroll
+    for (int kk = 0; kk < kKM; ++kk)
+      MmaKV::rs_mn(acc_dk, da[kk],
+                   wg::desc_advance(desc_q_mn, q_off + wg::mnmajor_chunk_offset(kk)), 1);
+    wg::commit_group();
+
+    // Publish dS^T (generic-proxy stores) to both warpgroups' wgmma (async proxy).
+    wg::fence_proxy_async_shared();
+    __syncthreads();
+
+    // dQ share = dS K over the block's 128 keys. k-chunk kk = keys 16kk .. 16kk+15 = rows 16kk..
+    // of the dS^T panel and of the K panel: + 16kk * 128 bytes on both descriptors.
+    float dq[32];
+#pragma unroll
+    for (int kk = 0; kk < kKN; ++kk) {
+      const uint64_t da_desc = wg::desc_advance(desc_ds, wg::mnmajor_chunk_offset(kk));
+      const uint64_t db_desc = wg::desc_advance(desc_k_mn, wg::mnmajor_chunk_offset(kk));
+      if (kk == 0) {
+        MmaQ::ss_tt_overwrite(dq, da_desc, db_desc);
+      } else {
+        MmaQ::ss_tt(dq, da_desc, db_desc, 1);
+      }
+    }
+    wg::commit_group();
+    wg::wait_group<0>();
+    wg::fence_operands(dq);
+    wg::fence_operands(acc_dv);
+    wg::fence_operands(acc_dk);
+#pragma unroll
+    for (int kk = 0; kk < kKM; ++kk)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        wg::fence_operand(pa[kk][j]);
+        wg::fence_operand(da[kk][j]);
+      }
+
+      // dq[4i + e] = dQ[m0 + dq_row0 + 16 warp + g + 8 (e >> 1)][dq_col0 + 8i + 2t + (e & 1)].
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = m0 + dq_row0 + warp * 16 + g + r * 8;
+      if (row >= T) continue;
+      float* dst = dq_acc + row * ld + dq_col0 + 2 * t;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        red_add_f32x2(dst + i * 8, dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+    }
+  }
+
+  // Epilogue. Every wgmma of both warpgroups (the last dQ product reads all of K) completed before
+  // the barrier; the proxy fence orders those async-proxy reads before the generic writes below.
+  // Each warpgroup stages its 64 rows of dK (scaled) and dV as bf16 in the K / V tiles (same
+  // swizzled layout: the 8 rows g of a warp hit 8 different chunk positions, conflict-free), then
+  // copies them out in 16-byte chunks.
+  wg::fence_proxy_async_shared();
+  __syncthreads();
+  unsigned char* const sK_ptr = s_base_ptr + Cfg::kOffK;
+  unsigned char* const sV_ptr = s_base_ptr + Cfg::kOffV;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row_l = key_l + r * 8;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const uint32_t off = wg::sw128_offset<BN>(row_l, 8 * i + 2 * t);
+      *reinterpret_cast<uint32_t*>(sK_ptr + off) =
+          pack_bf16(acc_dk[4 * i + 2 * r] * p.scale, acc_dk[4 * i + 2 * r + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(sV_ptr + off) =
+          pack_bf16(acc_dv[4 * i + 2 * r], acc_dv[4 * i + 2 * r + 1]);
+    }
+  }
+  wg::named_barrier(1 + wgi, 128);  // this warpgroup's rows are staged
+  bf16* dk = p.dk + head_off;
+  bf16* dv = p.dv + head_off;
+  constexpr int kChunksPerRow = D / 8;
+#pragma unroll
+  for (int i = wtid; i < 64 * kChunksPerRow; i += 128) {
+    const int r = i / kChunksPerRow;
+    const int c = i % kChunksPerRow;
+    const int row_l = wgi * 64 + r;
+    const int key = n0 + row_l;
+    if (key < T) {
+      const uint32_t off = (c >> 3) * Cfg::kPanelKV + wg::sw128_chunk_offset(row_l, c & 7);
+      *reinterpret_cast<uint4*>(dk + key * ld + c * 8) =
+          *reinterpret_cast<const uint4*>(sK_ptr + off);
+      *reinterpret_cast<uint4*>(dv + key * ld + c * 8) =
+          *reinterpret_cast<const uint4*>(sV_ptr + off);
+    }
+  }
+#else
+  // Built for an architecture without wgmma: never launched (flash_attention_uses_wgmma is false).
+  __trap();
+#endif
+}
+
+template <int D>
+void launch(const BwdParams& p, int B, cudaStream_t stream) {
+  using Cfg = Config<D>;
+  launch_over_heads<flash_wgmma_bwd_kernel<D>>(p, B, Cfg::kBlockN, Cfg::kThreads, Cfg::kSmemBytes,
+                                               stream, "flash_wgmma_bwd_kernel");
+}
+
+}  // namespace
+}  // namespace flash::wgbwd
+
+void flash::flash_wgmma_backward_main(const BwdParams& p, int B, int head_dim,
+                                      cudaStream_t stream) {
+  TRAINER_CHECK(head_dim == 64 || head_dim == 128, "wgmma backward: head dim {}", head_dim);
+  if (head_dim == 64) {
+    wgbwd::launch<64>(p, B, stream);
+  } else {
+    wgbwd::launch<128>(p, B, stream);
+  }
+}
+
+}  // namespace trainer::cuda

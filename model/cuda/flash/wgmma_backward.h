@@ -1,0 +1,25 @@
+// Hopper (sm_90a) causal attention backward on warpgroup MMA (wgmma.mma_async): the main kernel
+// only (dK, dV and the fp32 dQ accumulation). Internal: flash_attention_backward
+// (flash_attention.cu) validates the arguments, zeroes dq_acc, computes D, runs this in place of
+// its flash_bwd_kernel when flash_attention_uses_wgmma says so, and converts dq. Conventions:
+//   q, k, v, dout: bf16 (B, T, H*dh) row-major, head h at columns [h*dh, (h+1)*dh);
+//   lse: fp32 (B, H, T), natural-log logsumexp of the scaled, causally masked scores;
+//   dsum: fp32 (B, H, T), D = rowsum(dO * O) (flash_bwd_dot_do_o_kernel);
+//   dq_acc: fp32 (B, T, H, dh), zeroed before the call; receives dS K UNSCALED through fp32
+//           atomics (the caller then multiplies by 1/sqrt(dh) and converts to bf16);
+//   dk = dS^T Q / sqrt(dh), dv = P^T dO: bf16 (B, T, H*dh), overwritten (rows < T only).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "model/cuda/flash/launch.h"
+
+namespace trainer::cuda::flash {
+
+// Queues the main backward kernel on `stream` (no sync); p.scale = 1/sqrt(head_dim). head_dim 64
+// or 128; q, k, v, dout, dk, dv 16-byte aligned; lse, dsum 4-byte; dq_acc 8-byte aligned; a
+// compute capability 9.0 device and a build for sm_90a (elsewhere the kernel traps).
+void flash_wgmma_backward_main(const BwdParams& p, int B, int head_dim, cudaStream_t stream);
+
+}  // namespace trainer::cuda::flash
