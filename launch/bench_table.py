@@ -32,7 +32,7 @@ def main():
             out.append(f"| {r[1]} | 1 | | {r[8]}×{r[7]} | out of memory |"
                        + " |" * (8 + anchors + extra))
             continue
-        g = lambda k: r[col[k]]
+        g = lambda k: r[col[k]] if k in col else ""
         f = lambda k: float(g(k))
         ddp = g("ddp") + (" + ZeRO-1" if g("shard_optim") == "1" else "")
         if g("ddp") == "bucketed":

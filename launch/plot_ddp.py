@@ -22,6 +22,8 @@ def label(r):
         s += f"\n{float(r['bucket_mb']):g} MiB"
     if r["shard_optim"] == "1":
         s += "\n+ZeRO-1"
+    if r.get("grad_transport") == "ce":
+        s += "\ncopy eng."
     return s
 
 

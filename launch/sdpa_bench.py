@@ -24,6 +24,7 @@ def parse_args():
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--kernels", default="auto", help="ignored: selects our kernels in bench_attention")
     p.add_argument("--backend", default="default",
                    choices=["default", "flash", "efficient", "cudnn"],
                    help="pin an SDPA backend (default: PyTorch's own choice)")
