@@ -247,6 +247,10 @@ void Run::setup() {
   if (o_.shard_optim) shards_.emplace(nranks_, flat_, ParamLayout::kAlignElems);
   owned_ = shards_ ? shards_->shard(rank_) : Range{0, flat_};
 
+  TensorRanges tensors;
+  for (const auto& t : layout_.tensors()) tensors.push_back(t.range());
+  const SyncStrategy strategy = parse_sync_strategy(o_.ddp);
+
   ReplicaOptions ro;
   ro.max_batch = o_.batch;
   ro.flat_elems = flat_;
@@ -256,8 +260,7 @@ void Run::setup() {
     const int local = local_rank_of(world_.comm());
     ro.device_index = local % std::max(1, cuda_device_count());
     // Only strategies that run collectives during backward share the SMs with it.
-    const SyncStrategy st = parse_sync_strategy(o_.ddp);
-    if (nranks_ > 1 && (st == SyncStrategy::kBucketed || st == SyncStrategy::kOverlap))
+    if (nranks_ > 1 && (strategy == SyncStrategy::kBucketed || strategy == SyncStrategy::kOverlap))
       ro.comm_sms = o_.comm_sms;
   }
   agree_on_usage_errors(world_, [&] {
@@ -272,7 +275,10 @@ void Run::setup() {
     no.device = ro.device_index;
     no.compute_stream = replica_->stream();
     no.reduce_in_bf16 = o_.grad_reduce == "bf16";
-    no.staging_elems = no.reduce_in_bf16 ? flat_ : 0;
+    // bf16 scratch for the largest unit that is reduced at once.
+    if (no.reduce_in_bf16)
+      for (const GradUnit& u : plan_units(strategy, tensors, flat_, o_.bucket_mb * 1048576.0))
+        no.staging_elems = std::max(no.staging_elems, u.range.size());
     no.timeout_s = o_.comm_timeout;
     no.ctas = o_.comm_sms;
     if (o_.grad_transport == "ce") no.peer_copy = replica_->grads();
@@ -290,9 +296,6 @@ void Run::setup() {
   agree_on_usage_errors(world_,
                         [&] { opt_ = std::make_unique<AdamW>(device_, owned_.size(), acfg); });
 
-  TensorRanges tensors;
-  for (const auto& t : layout_.tensors()) tensors.push_back(t.range());
-  const SyncStrategy strategy = parse_sync_strategy(o_.ddp);
   sync_ = std::make_unique<GradSync>(*grad_comm_, tensors, replica_->grads(), strategy,
                                      o_.bucket_mb * 1048576.0, shards_ ? &*shards_ : nullptr);
   timer_ = make_step_timer(device_, replica_->stream());
