@@ -247,14 +247,15 @@ void agree_on_error_message(const MpiCommunicator& comm, const std::string& my_e
   throw AgreedUsageError(fmt::format("rank {}: {}", first_bad, msg));
 }
 
-int local_rank_of(MPI_Comm comm) {
+NodeRanks node_ranks_of(MPI_Comm comm) {
   // Ranks that share memory share a node, whatever the launcher (mpirun, srun, ...).
   MPI_Comm node;
   MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int r = 0;
-  MPI_CHECK(MPI_Comm_rank(node, &r));
+  NodeRanks n;
+  MPI_CHECK(MPI_Comm_rank(node, &n.rank));
+  MPI_CHECK(MPI_Comm_size(node, &n.size));
   MPI_CHECK(MPI_Comm_free(&node));
-  return r;
+  return n;
 }
 
 void wait_all(std::vector<CommHandle>& handles) {

@@ -47,8 +47,14 @@ class MpiCommunicator : public Communicator {
   friend class MpiRequest;
 };
 
-// Rank within this node: the rank in a shared-memory split of `comm`.
-int local_rank_of(MPI_Comm comm);
+// This rank's place among the ranks of `comm` on its node (a shared-memory split of `comm`).
+struct NodeRanks {
+  int rank = 0;  // local rank
+  int size = 1;  // ranks on this node
+};
+NodeRanks node_ranks_of(MPI_Comm comm);
+// Rank within this node.
+inline int local_rank_of(MPI_Comm comm) { return node_ranks_of(comm).rank; }
 
 // Runs `check` on every rank; if it throws UsageError on any rank, every rank throws a UsageError
 // carrying the message of the lowest failing rank, so all ranks stop with the same clear error.

@@ -210,10 +210,8 @@ CommHandle NcclCommunicator::all_reduce_sum(BufferView buf) {
   if (m.peer && m.peer->covers(buf)) {
     // Rank 0 sums the first half (256-byte aligned), rank 1 the rest; each then copies the other.
     const int64_t half = buf.count / 2 / 64 * 64;
-    const Range first{0, half}, second{half, buf.count};
     m.begin(describe("all_reduce", buf) + " by copy engines");
-    m.peer->reduce(buf, m.rank == 0 ? first : second, m.rank == 0 ? second : first, true, m.compute,
-                   m.stream);
+    m.peer->reduce(buf, half, /*gather=*/true, m.compute, m.stream);
     return m.end();
   }
   const bool via_bf16 = m.opt.reduce_in_bf16 && buf.dtype == DType::kF32;
@@ -241,10 +239,8 @@ CommHandle NcclCommunicator::reduce_scatter_sum(BufferView buf,
   TRAINER_CHECK(static_cast<int>(counts.size()) == m.world, "{} counts for world {}", counts.size(),
                 m.world);
   if (m.peer && m.peer->covers(buf)) {
-    const Range first{0, counts[0]}, second{counts[0], buf.count};
     m.begin(describe("reduce_scatter", buf) + " by copy engines");
-    m.peer->reduce(buf, m.rank == 0 ? first : second, m.rank == 0 ? second : first, false,
-                   m.compute, m.stream);
+    m.peer->reduce(buf, counts[0], /*gather=*/false, m.compute, m.stream);
     return m.end();
   }
   const bool via_bf16 = m.opt.reduce_in_bf16 && buf.dtype == DType::kF32;

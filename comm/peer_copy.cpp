@@ -4,7 +4,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 
 #include "comm/cuda/convert.h"
@@ -36,7 +35,6 @@ enum Counter { kPosted = 0, kReduced = 1, kConsumed = 2, kCounters = 3 };
 struct Exchange {
   cudaIpcMemHandle_t buffer, counters;
   int64_t bytes;
-  int ok;  // this rank could map the peer (second round)
 };
 
 constexpr int64_t kStagingFloats = int64_t{8} << 20;  // 32 MiB per chunk of a segment
@@ -54,6 +52,7 @@ struct PeerCopy::Impl {
   float* staging = nullptr;           // [kLanes][kStagingFloats]
   cudaStream_t lanes[kLanes] = {};
   cudaEvent_t fork = nullptr, join[kLanes] = {};
+  int rank = 0;
   uint32_t n = 0;  // collectives so far (the same on both ranks: they are called in one order)
   StreamValueFn write = nullptr, wait = nullptr;
 
@@ -69,29 +68,38 @@ struct PeerCopy::Impl {
   static void check(CUresult r, const char* what) {
     if (r != CUDA_SUCCESS) runtime_error("{} failed (CUresult {})", what, static_cast<int>(r));
   }
+
+  // Also runs when the constructor stops half-way. Every collective has completed by then (both
+  // ranks waited on them), so no copy still reads the mappings; errors are ignored at teardown.
+  ~Impl() {
+    if (peer) cudaIpcCloseMemHandle(peer);
+    if (peer_counters) cudaIpcCloseMemHandle(peer_counters);
+    for (int l = 0; l < kLanes; ++l) {
+      if (lanes[l]) cudaStreamDestroy(lanes[l]);
+      if (join[l]) cudaEventDestroy(join[l]);
+    }
+    if (fork) cudaEventDestroy(fork);
+    cudaFree(staging);
+    cudaFree(counters);
+  }
 };
 
-PeerCopy::PeerCopy(const MpiCommunicator& boot, BufferView buf, int device) : impl_(new Impl) {
+PeerCopy::PeerCopy(const MpiCommunicator& boot, BufferView buf, int device)
+    : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   TRAINER_CHECK(buf.device == DeviceKind::kCuda && buf.dtype == DType::kF32,
                 "peer copies need an fp32 device buffer");
-  // Checks every rank can make on its own; the results are combined so all ranks agree.
-  std::string problem;
-  MPI_Comm node;
-  MPI_Comm_split_type(boot.comm(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int on_node = 0;
-  MPI_Comm_size(node, &on_node);
-  MPI_Comm_free(&node);
-  if (boot.world() != 2 || on_node != 2)
-    problem = fmt::format("it needs exactly 2 ranks on one host (this job: {} ranks, {} here)",
-                          boot.world(), on_node);
-  int any_problem = problem.empty() ? 0 : 1;
-  MPI_Allreduce(MPI_IN_PLACE, &any_problem, 1, MPI_INT, MPI_MAX, boot.comm());
-  if (any_problem)
-    usage_error("--grad-transport ce: {}",
-                problem.empty() ? "the other rank cannot use it (see its message)" : problem);
+  agree_on_usage_errors(boot, [&] {
+    const int on_node = node_ranks_of(boot.comm()).size;
+    if (boot.world() != 2 || on_node != 2)
+      usage_error(
+          "--grad-transport ce needs exactly 2 ranks on one host (this job: {} ranks, {} on this "
+          "host)",
+          boot.world(), on_node);
+  });
 
   CUDA_CHECK(cudaSetDevice(device));
+  m.rank = boot.rank();
   m.write = driver_entry("cuStreamWriteValue32");
   m.wait = driver_entry("cuStreamWaitValue32");
   m.base = static_cast<char*>(buf.data);
@@ -108,17 +116,17 @@ PeerCopy::PeerCopy(const MpiCommunicator& boot, BufferView buf, int device) : im
   CUDA_CHECK(cudaEventCreateWithFlags(&m.fork, cudaEventDisableTiming));
   CUDA_CHECK(cudaDeviceSynchronize());
 
-  Exchange mine{}, theirs{};
+  Exchange mine{};
   CUDA_CHECK(cudaIpcGetMemHandle(&mine.buffer, m.base));
   CUDA_CHECK(cudaIpcGetMemHandle(&mine.counters, m.counters));
   mine.bytes = m.bytes;
   Exchange both[2];
   MPI_Allgather(&mine, sizeof(Exchange), MPI_BYTE, both, sizeof(Exchange), MPI_BYTE, boot.comm());
-  theirs = both[1 - boot.rank()];
-  if (theirs.bytes != m.bytes) {
-    problem =
-        fmt::format("gradient buffers differ in size ({} vs {} bytes)", m.bytes, theirs.bytes);
-  } else {
+  const Exchange& theirs = both[1 - boot.rank()];
+  agree_on_usage_errors(boot, [&] {
+    if (theirs.bytes != m.bytes)
+      usage_error("--grad-transport ce: gradient buffers differ in size ({} vs {} bytes)", m.bytes,
+                  theirs.bytes);
     void* p = nullptr;
     cudaError_t e = cudaIpcOpenMemHandle(&p, theirs.buffer, cudaIpcMemLazyEnablePeerAccess);
     if (e == cudaSuccess) {
@@ -127,35 +135,18 @@ PeerCopy::PeerCopy(const MpiCommunicator& boot, BufferView buf, int device) : im
       if (e == cudaSuccess) m.peer_counters = static_cast<uint32_t*>(p);
     }
     if (e != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky-free error so later calls are unaffected
-      problem = fmt::format("GPU {} cannot map the peer GPU's memory ({})", device,
-                            cudaGetErrorString(e));
+      cudaGetLastError();  // clear the error so later calls are unaffected
+      usage_error(
+          "--grad-transport ce: GPU {} cannot map the peer GPU's memory ({}); use "
+          "--grad-transport nccl",
+          device, cudaGetErrorString(e));
     }
-  }
-  any_problem = problem.empty() ? 0 : 1;
-  MPI_Allreduce(MPI_IN_PLACE, &any_problem, 1, MPI_INT, MPI_MAX, boot.comm());
-  if (any_problem)
-    usage_error("--grad-transport ce: {}; use --grad-transport nccl",
-                problem.empty() ? "the other rank cannot map this GPU's memory" : problem);
+  });
   spdlog::debug("peer copies: {:.1f} MiB of gradients mapped from the peer GPU",
                 m.bytes / 1048576.0);
 }
 
-PeerCopy::~PeerCopy() {
-  Impl& m = *impl_;
-  // Every collective has completed (both ranks waited on them), so no copy still reads the
-  // mappings; errors are ignored at teardown.
-  if (m.peer) cudaIpcCloseMemHandle(m.peer);
-  if (m.peer_counters) cudaIpcCloseMemHandle(m.peer_counters);
-  for (int l = 0; l < kLanes; ++l) {
-    cudaStreamDestroy(m.lanes[l]);
-    cudaEventDestroy(m.join[l]);
-  }
-  cudaEventDestroy(m.fork);
-  cudaFree(m.staging);
-  cudaFree(m.counters);
-  delete impl_;
-}
+PeerCopy::~PeerCopy() = default;
 
 bool PeerCopy::covers(const BufferView& v) const {
   const char* p = static_cast<const char*>(v.data);
@@ -163,12 +154,13 @@ bool PeerCopy::covers(const BufferView& v) const {
          p + v.bytes() <= impl_->base + impl_->bytes;
 }
 
-void PeerCopy::reduce(const BufferView& v, Range mine, Range theirs, bool gather,
-                      cudaStream_t compute, cudaStream_t comm) {
+void PeerCopy::reduce(const BufferView& v, int64_t split, bool gather, cudaStream_t compute,
+                      cudaStream_t comm) {
   Impl& m = *impl_;
-  TRAINER_CHECK(covers(v) && mine.begin >= 0 && mine.end <= v.count && theirs.begin >= 0 &&
-                    theirs.end <= v.count,
+  TRAINER_CHECK(covers(v) && split >= 0 && split <= v.count,
                 "peer copy of a view outside the registered buffer");
+  const Range first{0, split}, second{split, v.count};
+  const Range mine = m.rank == 0 ? first : second, theirs = m.rank == 0 ? second : first;
   ++m.n;
   // The peer-side address of element i of v.
   const int64_t offset = static_cast<char*>(v.data) - m.base;

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "comm/mpi_communicator.h"
 #include "core/buffer.h"
@@ -41,15 +42,16 @@ class PeerCopy {
   // True for an fp32 view inside the registered buffer.
   bool covers(const BufferView& v) const;
 
-  // Sums segment `mine` (element range within v) over both ranks into this rank's v; with
-  // `gather`, also copies the peer's summed segment `theirs` into this rank's v. Work is queued on
+  // v is split at element `split`: rank 0 owns [0, split), rank 1 [split, count). Sums this rank's
+  // segment over both ranks into this rank's v; with `gather`, also copies the peer's summed
+  // segment into this rank's v (an all-reduce; without, a reduce-scatter). Work is queued on
   // `compute` (one counter write) and on `comm`; completion is whatever `comm` records next.
-  void reduce(const BufferView& v, Range mine, Range theirs, bool gather, cudaStream_t compute,
+  void reduce(const BufferView& v, int64_t split, bool gather, cudaStream_t compute,
               cudaStream_t comm);
 
  private:
   struct Impl;
-  Impl* impl_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace trainer

@@ -39,6 +39,12 @@ class ParamLayout {
   // Index into tensors() of the tensor with this name; throws UsageError if there is none.
   int index_of(std::string_view name) const;
   const ParamTensor& find(std::string_view name) const { return tensors_[index_of(name)]; }
+  // Both at once, as the backends keep them: the flat-buffer offset and the index that backward
+  // reports as ready. Throws UsageError if there is no such tensor.
+  void locate(std::string_view name, int64_t& offset, int& index) const {
+    index = index_of(name);
+    offset = tensors_[index].offset;
+  }
 
   // Elements including alignment padding; multiples of kAlignElems.
   int64_t total() const { return total_; }

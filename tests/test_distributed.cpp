@@ -128,63 +128,37 @@ TEST_CASE("every strategy, sharded or not, with or without grad-accum, equals on
   REQUIRE(ref.losses.size() == kSteps);
   REQUIRE(ref.losses.back() < ref.losses.front());  // it learns
 
-  for (const char* ddp : {"none", "naive", "flat", "overlap", "bucketed"}) {
-    if (std::string(ddp) == "none" && w > 1) continue;
-    for (bool shard : {false, true}) {
-      for (int accum : {1, 2}) {
-        const int64_t batch = kGlobalBatch / (w * accum);
-        std::vector<std::string> args = {"--ddp", ddp, "--batch", std::to_string(batch),
-                                         "--grad-accum", std::to_string(accum),
-                                         // small buckets so several collectives are in flight
-                                         "--bucket-mb", "0.01"};
-        if (shard) args.push_back("--shard-optim");
-        INFO("world " << w << " --ddp " << ddp << (shard ? " --shard-optim" : "")
-                      << " --grad-accum " << accum);
-        const TrainResult got = run_training(make_options(args), world, /*keep_params=*/true);
-        const double d = rel_diff(got.params, ref.params);
-        INFO("max|dp|/max|p| = " << d);
-        REQUIRE(d < 1e-5);
-        REQUIRE(got.losses.size() == ref.losses.size());
-        for (size_t s = 0; s < ref.losses.size(); ++s)
-          REQUIRE_THAT(got.losses[s], WithinRel(ref.losses[s], 1e-5));
+  // Two GPUs also sum gradients with copy engines (--grad-transport ce, two ranks only).
+  std::vector<std::string> transports = {"nccl"};
+#ifdef TEST_ON_GPU
+  if (w == 2) transports.push_back("ce");
+#endif
+  for (const std::string& transport : transports)
+    for (const char* ddp : {"none", "naive", "flat", "overlap", "bucketed"}) {
+      if (std::string(ddp) == "none" && w > 1) continue;
+      for (bool shard : {false, true}) {
+        for (int accum : {1, 2}) {
+          const int64_t batch = kGlobalBatch / (w * accum);
+          std::vector<std::string> args = {"--ddp", ddp, "--batch", std::to_string(batch),
+                                           "--grad-accum", std::to_string(accum),
+                                           // small buckets so several collectives are in flight
+                                           "--bucket-mb", "0.01", "--grad-transport", transport};
+          if (shard) args.push_back("--shard-optim");
+          INFO("world " << w << " --ddp " << ddp << (shard ? " --shard-optim" : "")
+                        << " --grad-accum " << accum << " --grad-transport " << transport);
+          const TrainResult got = run_training(make_options(args), world, /*keep_params=*/true);
+          const double d = rel_diff(got.params, ref.params);
+          INFO("max|dp|/max|p| = " << d);
+          REQUIRE(d < 1e-5);
+          REQUIRE(got.losses.size() == ref.losses.size());
+          for (size_t s = 0; s < ref.losses.size(); ++s)
+            REQUIRE_THAT(got.losses[s], WithinRel(ref.losses[s], 1e-5));
+        }
       }
     }
-  }
 }
 
 #ifdef TEST_ON_GPU
-TEST_CASE("copy-engine gradient sums: every strategy equals one GPU", "[equivalence]") {
-  spdlog::set_level(spdlog::level::err);
-  MpiCommunicator world(MPI_COMM_WORLD);
-  const int w = world.world();
-  if (w != 2) return;  // --grad-transport ce is for exactly two ranks
-  const TrainResult& ref = reference();
-  for (const char* ddp : {"naive", "flat", "overlap", "bucketed"}) {
-    for (bool shard : {false, true}) {
-      for (int accum : {1, 2}) {
-        std::vector<std::string> args = {"--ddp",
-                                         ddp,
-                                         "--batch",
-                                         std::to_string(kGlobalBatch / (w * accum)),
-                                         "--grad-accum",
-                                         std::to_string(accum),
-                                         "--bucket-mb",
-                                         "0.01",
-                                         "--grad-transport",
-                                         "ce"};
-        if (shard) args.push_back("--shard-optim");
-        INFO("--grad-transport ce --ddp " << ddp << (shard ? " --shard-optim" : "")
-                                          << " --grad-accum " << accum);
-        const TrainResult got = run_training(make_options(args), world, /*keep_params=*/true);
-        INFO("max|dp|/max|p| = " << rel_diff(got.params, ref.params));
-        REQUIRE(rel_diff(got.params, ref.params) < 1e-5);
-        for (size_t s = 0; s < ref.losses.size(); ++s)
-          REQUIRE_THAT(got.losses[s], WithinRel(ref.losses[s], 1e-5));
-      }
-    }
-  }
-}
-
 TEST_CASE("bf16: every strategy's losses stay within 1e-2 of one GPU", "[equivalence]") {
   spdlog::set_level(spdlog::level::err);
   MpiCommunicator world(MPI_COMM_WORLD);

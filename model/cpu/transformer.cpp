@@ -25,26 +25,22 @@ CpuTransformer<T>::CpuTransformer(const ModelConfig& c, int64_t max_batch)
     : cfg_(c), layout_(c), max_batch_(max_batch) {
   validate(c);
   if (max_batch <= 0) usage_error("--batch must be positive (got {})", max_batch);
-  auto at = [&](const std::string& name, int64_t& off, int& idx) {
-    idx = layout_.index_of(name);
-    off = layout_.tensors()[idx].offset;
-  };
-  at("token_embeddings.weight", off_emb_, i_emb_);
-  at("ln_final.weight", off_lnf_, i_lnf_);
-  at("lm_head.weight", off_head_, i_head_);
+  layout_.locate("token_embeddings.weight", off_emb_, i_emb_);
+  layout_.locate("ln_final.weight", off_lnf_, i_lnf_);
+  layout_.locate("lm_head.weight", off_head_, i_head_);
   blocks_.resize(c.n_layers);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     BlockParams& bp = blocks_[l];
-    at(p + "ln1.weight", bp.ln1, bp.i_ln1);
-    at(p + "attn.q_proj.weight", bp.q, bp.i_q);
-    at(p + "attn.k_proj.weight", bp.k, bp.i_k);
-    at(p + "attn.v_proj.weight", bp.v, bp.i_v);
-    at(p + "attn.output_proj.weight", bp.o, bp.i_o);
-    at(p + "ln2.weight", bp.ln2, bp.i_ln2);
-    at(p + "ffn.w1.weight", bp.w1, bp.i_w1);
-    at(p + "ffn.w2.weight", bp.w2, bp.i_w2);
-    at(p + "ffn.w3.weight", bp.w3, bp.i_w3);
+    layout_.locate(p + "ln1.weight", bp.ln1, bp.i_ln1);
+    layout_.locate(p + "attn.q_proj.weight", bp.q, bp.i_q);
+    layout_.locate(p + "attn.k_proj.weight", bp.k, bp.i_k);
+    layout_.locate(p + "attn.v_proj.weight", bp.v, bp.i_v);
+    layout_.locate(p + "attn.output_proj.weight", bp.o, bp.i_o);
+    layout_.locate(p + "ln2.weight", bp.ln2, bp.i_ln2);
+    layout_.locate(p + "ffn.w1.weight", bp.w1, bp.i_w1);
+    layout_.locate(p + "ffn.w2.weight", bp.w2, bp.i_w2);
+    layout_.locate(p + "ffn.w3.weight", bp.w3, bp.i_w3);
   }
 
   const int64_t n = max_batch * c.ctx, d = c.d_model, f = c.d_ff, V = c.vocab;

@@ -282,27 +282,23 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   TRAINER_CHECK(n_max_ < (int64_t{1} << 31) && c.ctx < (int64_t{1} << 31),
                 "{} rows per micro-batch", n_max_);
 
-  auto at = [&](const std::string& name, int64_t& off, int& idx) {
-    idx = layout_.index_of(name);
-    off = layout_.tensors()[idx].offset;
-  };
-  at("token_embeddings.weight", off_emb_, i_emb_);
-  at("ln_final.weight", off_lnf_, i_lnf_);
-  at("lm_head.weight", off_head_, i_head_);
+  layout_.locate("token_embeddings.weight", off_emb_, i_emb_);
+  layout_.locate("ln_final.weight", off_lnf_, i_lnf_);
+  layout_.locate("lm_head.weight", off_head_, i_head_);
   blocks_.resize(L_);
   for (int64_t l = 0; l < L_; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     BlockParams& bp = blocks_[l];
-    at(p + "ln1.weight", bp.ln1, bp.i_ln1);
-    at(p + "attn.output_proj.weight", bp.o, bp.i_o);
-    at(p + "ln2.weight", bp.ln2, bp.i_ln2);
-    at(p + "ffn.w2.weight", bp.w2, bp.i_w2);
+    layout_.locate(p + "ln1.weight", bp.ln1, bp.i_ln1);
+    layout_.locate(p + "attn.output_proj.weight", bp.o, bp.i_o);
+    layout_.locate(p + "ln2.weight", bp.ln2, bp.i_ln2);
+    layout_.locate(p + "ffn.w2.weight", bp.w2, bp.i_w2);
     auto group = [&](LinearGroup& gr, std::initializer_list<const char*> names, int64_t d_in,
                      int64_t d_out) {
       gr.d_in = d_in;
       gr.d_out = d_out;
       for (const char* nm : names) {
-        at(p + nm, gr.offset[gr.count], gr.index[gr.count]);
+        layout_.locate(p + nm, gr.offset[gr.count], gr.index[gr.count]);
         ++gr.count;
       }
       gr.fused = true;

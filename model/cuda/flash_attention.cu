@@ -404,6 +404,30 @@ __global__ void __launch_bounds__(DotConfig<D>::kThreads)
   }
 }
 
+// acc (16 x 8*NT, this warp's C tiles) = A B^T over k = 16 * KD, both operands row-major in
+// shared memory with row stride S: A's 16 rows start at `a`, B's 8*NT rows at `b`. a_row/a_col and
+// b_row/b_col are the lane's ldmatrix offsets (A fragments, and B without transpose).
+template <int NT, int KD, int S>
+__device__ __forceinline__ void warp_mma_abt(float (&acc)[NT][4], const bf16* a, const bf16* b,
+                                             int a_row, int a_col, int b_row, int b_col) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) {
+    uint32_t af[4];
+    ldmatrix_x4(af, a + a_row * S + kk * 16 + a_col);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t bf[4];
+      ldmatrix_x4(bf, b + (np * 16 + b_row) * S + kk * 16 + b_col);
+      mma_16816(acc[2 * np], af, bf[0], bf[1]);
+      mma_16816(acc[2 * np + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Backward, step 2 (FA2): one CTA per (b, h, block of kBlockN keys); warp w owns keys
 // [16w, 16w + 16) of the block and keeps dK, dV for them in registers. It sweeps the query blocks
@@ -518,22 +542,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_kernel(const BwdParam
     } else {
       // S^T = K Q^T for this warp's 16 keys x BM queries.
       float s[QT][4];
-#pragma unroll
-      for (int j = 0; j < QT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        uint32_t af[4];
-        ldmatrix_x4(af, sK + (key_w + a_row) * S + kk * 16 + a_col);
-#pragma unroll
-        for (int np = 0; np < QT / 2; ++np) {
-          uint32_t bf[4];
-          ldmatrix_x4(bf, sQs + (np * 16 + b_row) * S + kk * 16 + b_col);
-          mma_16816(s[2 * np], af, bf[0], bf[1]);
-          mma_16816(s[2 * np + 1], af, bf[2], bf[3]);
-        }
-      }
+      warp_mma_abt<QT, KD, S>(s, sK + key_w * S, sQs, a_row, a_col, b_row, b_col);
 
       // P^T = exp(S^T * scale - lse), zero where key > query or the query row is past T.
       const bool need_mask = (n0 + key_w + 15 > m0) || (m0 + BM > T);
@@ -572,22 +581,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_kernel(const BwdParam
 
       // dP^T = V dO^T.
       float dpt[QT][4];
-#pragma unroll
-      for (int j = 0; j < QT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dpt[j][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        uint32_t af[4];
-        ldmatrix_x4(af, sV + (key_w + a_row) * S + kk * 16 + a_col);
-#pragma unroll
-        for (int np = 0; np < QT / 2; ++np) {
-          uint32_t bf[4];
-          ldmatrix_x4(bf, sdOs + (np * 16 + b_row) * S + kk * 16 + b_col);
-          mma_16816(dpt[2 * np], af, bf[0], bf[1]);
-          mma_16816(dpt[2 * np + 1], af, bf[2], bf[3]);
-        }
-      }
+      warp_mma_abt<QT, KD, S>(dpt, sV + key_w * S, sdOs, a_row, a_col, b_row, b_col);
 
       // dS^T = P^T o (dP^T - D), kept in dpt.
 #pragma unroll

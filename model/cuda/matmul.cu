@@ -205,8 +205,6 @@ void Matmul::set_sm_target(int sms) {
   impl_->sm_target = sms;
 }
 
-int Matmul::sm_target() const { return impl_->sm_target; }
-
 void Matmul::run(const Gemm& g, cudaStream_t stream) {
   TRAINER_CHECK(g.m > 0 && g.n > 0 && g.k > 0 && g.batch >= 1, "matmul: bad sizes in {}",
                 describe(g));

@@ -70,7 +70,6 @@ class Matmul {
   // Set below the SM count while collectives run beside the products, so that a GEMM sized for
   // every SM does not leave a second, nearly empty wave behind the SMs NCCL holds.
   void set_sm_target(int sms);
-  int sm_target() const;
 
  private:
   struct Impl;
