@@ -38,8 +38,9 @@ class Communicator {
   // wait(), this rank's segment, at its own offset in buf, holds the sum over ranks of that
   // segment; the other segments are left unspecified.
   virtual CommHandle reduce_scatter_sum(BufferView buf, const std::vector<int64_t>& counts) = 0;
-  // In place: rank r contributes segment r (counts as above); every rank ends with all segments.
-  virtual CommHandle all_gather(BufferView buf, const std::vector<int64_t>& counts) = 0;
+  // In place: rank r contributes the elements segments[r] of buf (world disjoint ranges, in any
+  // order and not necessarily adjacent); every rank ends with all of them.
+  virtual CommHandle all_gather(BufferView buf, const std::vector<Range>& segments) = 0;
   virtual CommHandle broadcast(BufferView buf, int root) = 0;
   virtual void barrier() = 0;
   // Lets outstanding non-blocking operations advance (MPI progresses only inside MPI calls).
@@ -49,5 +50,10 @@ class Communicator {
 
 // Waits for every handle in the list and clears it.
 void wait_all(std::vector<CommHandle>& handles);
+
+// Consecutive segments of counts[0], counts[1], ... elements from the start of a buffer.
+std::vector<Range> consecutive_segments(const std::vector<int64_t>& counts);
+// Checks that all_gather's segments are `world` disjoint ranges inside a buffer of `count`.
+void check_segments(const std::vector<Range>& segments, int world, int64_t count);
 
 }  // namespace trainer

@@ -105,6 +105,20 @@ std::vector<GradUnit> plan_units(SyncStrategy s, const TensorRanges& tensors, in
   return units;
 }
 
+std::vector<Range> plan_update_parts(int64_t shard_elems, double bucket_bytes, int64_t align) {
+  int64_t part = shard_elems;
+  if (bucket_bytes > 0) {
+    const int64_t want = std::max(static_cast<int64_t>(bucket_bytes / 4),
+                                  (shard_elems + kMaxUpdateParts - 1) / kMaxUpdateParts);
+    part = std::max<int64_t>(align, (want + align - 1) / align * align);
+  }
+  std::vector<Range> parts;
+  for (int64_t at = 0; at < shard_elems; at += part)
+    parts.push_back({at, std::min(shard_elems, at + part)});
+  if (parts.empty()) parts.push_back({0, 0});
+  return parts;
+}
+
 std::string describe_units(const std::vector<GradUnit>& units) {
   if (units.empty()) return "no collectives";
   double total = 0, largest = 0, smallest = 1e300;

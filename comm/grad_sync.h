@@ -50,6 +50,13 @@ struct GradUnit {
   int64_t grad_bytes = 0;  // bytes of gradient it carries (sum of its tensors, without padding)
 };
 
+// ZeRO-1 updates its slice in parts, so that each part's all-gather runs while the next part is
+// updated: parts of `bucket_bytes` of fp32 parameters but at least 1/kMaxUpdateParts of the slice
+// (each collective costs a launch and a sync), whole multiples of `align` elements, the last part
+// shorter; bucket_bytes <= 0 gives one part.
+constexpr int kMaxUpdateParts = 16;
+std::vector<Range> plan_update_parts(int64_t shard_elems, double bucket_bytes, int64_t align);
+
 // Greedy buckets in backward order: a bucket takes tensors while their gradient bytes stay within
 // `bucket_bytes`; a tensor larger than that gets a bucket of its own. bucket_bytes <= 0 means one
 // unbounded bucket. Units cover [0, flat_elems) without gaps (padding belongs to the unit before).

@@ -129,19 +129,14 @@ CommHandle MpiCommunicator::reduce_scatter_sum(BufferView buf, const std::vector
   });
 }
 
-CommHandle MpiCommunicator::all_gather(BufferView buf, const std::vector<int64_t>& counts) {
+CommHandle MpiCommunicator::all_gather(BufferView buf, const std::vector<Range>& segments) {
   check_host(buf, "all_gather");
-  TRAINER_CHECK(static_cast<int>(counts.size()) == world_, "{} counts for world {}", counts.size(),
-                world_);
+  check_segments(segments, world_, buf.count);
   std::vector<int> icounts(world_), displs(world_);
-  int64_t total = 0;
   for (int r = 0; r < world_; ++r) {
-    icounts[r] = as_int_count(counts[r], "all_gather");
-    displs[r] = as_int_count(total, "all_gather");
-    total += counts[r];
+    icounts[r] = as_int_count(segments[r].size(), "all_gather");
+    displs[r] = as_int_count(segments[r].begin, "all_gather");
   }
-  TRAINER_CHECK(total == buf.count, "all_gather counts sum to {} for a buffer of {}", total,
-                buf.count);
   MPI_Request r;
   MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data, icounts.data(),
                             displs.data(), mpi_type(buf.dtype), comm_, &r));
@@ -261,6 +256,31 @@ NodeRanks node_ranks_of(MPI_Comm comm) {
 void wait_all(std::vector<CommHandle>& handles) {
   for (auto& h : handles) h->wait();
   handles.clear();
+}
+
+std::vector<Range> consecutive_segments(const std::vector<int64_t>& counts) {
+  std::vector<Range> out;
+  int64_t at = 0;
+  for (int64_t c : counts) {
+    out.push_back({at, at + c});
+    at += c;
+  }
+  return out;
+}
+
+void check_segments(const std::vector<Range>& segments, int world, int64_t count) {
+  TRAINER_CHECK(static_cast<int>(segments.size()) == world, "{} all_gather segments for world {}",
+                segments.size(), world);
+  std::vector<Range> sorted = segments;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  int64_t end = 0;
+  for (const Range& r : sorted) {
+    TRAINER_CHECK(r.begin >= end && r.end >= r.begin && r.end <= count,
+                  "all_gather segment [{}, {}) overlaps another or leaves a buffer of {}", r.begin,
+                  r.end, count);
+    end = r.end;
+  }
 }
 
 }  // namespace trainer

@@ -19,7 +19,7 @@ class MpiCommunicator : public Communicator {
   DeviceKind device() const override { return DeviceKind::kCpu; }
   CommHandle all_reduce_sum(BufferView buf) override;
   CommHandle reduce_scatter_sum(BufferView buf, const std::vector<int64_t>& counts) override;
-  CommHandle all_gather(BufferView buf, const std::vector<int64_t>& counts) override;
+  CommHandle all_gather(BufferView buf, const std::vector<Range>& segments) override;
   CommHandle broadcast(BufferView buf, int root) override;
   void barrier() override;
   void progress() override;

@@ -31,8 +31,11 @@ struct NcclOptions {
   void* compute_stream = nullptr;  // cudaStream_t the collectives are ordered against
   bool reduce_in_bf16 = false;     // --grad-reduce bf16: fp32 sums travel as bf16
   int64_t staging_elems = 0;       // largest fp32 buffer reduced in bf16 (scratch size)
-  BufferView peer_copy;  // --grad-transport ce: fp32 sums inside this buffer use PeerCopy
-  int ctas = 0;  // CTAs (channels) per collective, NCCL's minCTAs = maxCTAs; 0 = NCCL decides
+  BufferView peer_copy;            // --grad-transport ce: fp32 sums inside this buffer use PeerCopy
+  BufferView peer_gather;          // and all-gathers inside this one (ZeRO-1's parameters)
+  // CTAs (channels) per collective, NCCL's minCTAs = maxCTAs, and the cap on the copy-engine
+  // path's sum kernel; 0 = NCCL (the kernel) decides.
+  int ctas = 0;
   double timeout_s = 300;
 };
 
@@ -46,7 +49,7 @@ class NcclCommunicator : public Communicator {
   DeviceKind device() const override { return DeviceKind::kCuda; }
   CommHandle all_reduce_sum(BufferView buf) override;
   CommHandle reduce_scatter_sum(BufferView buf, const std::vector<int64_t>& counts) override;
-  CommHandle all_gather(BufferView buf, const std::vector<int64_t>& counts) override;
+  CommHandle all_gather(BufferView buf, const std::vector<Range>& segments) override;
   CommHandle broadcast(BufferView buf, int root) override;
   void barrier() override;
   std::string name() const override { return "nccl"; }

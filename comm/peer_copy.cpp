@@ -37,7 +37,7 @@ struct Exchange {
   int64_t bytes;
 };
 
-constexpr int64_t kStagingFloats = int64_t{8} << 20;  // 32 MiB per chunk of a segment
+constexpr int64_t kStagingBytes = int64_t{32} << 20;  // per lane: sums go through it in pieces
 // A copy engine runs one copy at a time; copies on separate streams use several of them.
 constexpr int kLanes = 2;
 
@@ -49,10 +49,11 @@ struct PeerCopy::Impl {
   int64_t bytes = 0;
   uint32_t* counters = nullptr;       // this rank's [kCounters]
   uint32_t* peer_counters = nullptr;  // the peer's, mapped
-  float* staging = nullptr;           // [kLanes][kStagingFloats]
+  char* staging = nullptr;            // [kLanes][kStagingBytes], for sums only
   cudaStream_t lanes[kLanes] = {};
   cudaEvent_t fork = nullptr, join[kLanes] = {};
-  int rank = 0;
+  DType dtype = DType::kF32;
+  int rank = 0, sum_ctas = 0;
   uint32_t n = 0;  // collectives so far (the same on both ranks: they are called in one order)
   StreamValueFn write = nullptr, wait = nullptr;
 
@@ -67,6 +68,31 @@ struct PeerCopy::Impl {
   }
   static void check(CUresult r, const char* what) {
     if (r != CUDA_SUCCESS) runtime_error("{} failed (CUresult {})", what, static_cast<int>(r));
+  }
+
+  // Copies `bytes` from the peer's `remote` to this rank's `local` (with `sum`: adds them, fp32,
+  // into local through the staging buffer), after everything queued on `comm`; `comm` then waits
+  // for it. Pieces of at most the staging size go round-robin to the lanes (copy, then add, on one
+  // lane) so that several copy engines work at once. Events are reused: a wait binds to the record
+  // that precedes it.
+  void pull(cudaStream_t comm, char* local, const char* remote, int64_t bytes, bool sum) {
+    CUDA_CHECK(cudaEventRecord(fork, comm));
+    for (int l = 0; l < kLanes; ++l) CUDA_CHECK(cudaStreamWaitEvent(lanes[l], fork, 0));
+    const int64_t piece = std::min(kStagingBytes, (bytes + kLanes - 1) / kLanes / 256 * 256 + 256);
+    int lane = 0;
+    for (int64_t at = 0; at < bytes; at += piece, lane = (lane + 1) % kLanes) {
+      const int64_t len = std::min(piece, bytes - at);
+      cudaStream_t s = lanes[lane];
+      char* dst = sum ? staging + lane * kStagingBytes : local + at;
+      CUDA_CHECK(cudaMemcpyAsync(dst, remote + at, len, cudaMemcpyDeviceToDevice, s));
+      if (sum)
+        cuda::add_f32(reinterpret_cast<float*>(local + at), reinterpret_cast<const float*>(dst),
+                      len / 4, s, sum_ctas);
+    }
+    for (int l = 0; l < kLanes; ++l) {
+      CUDA_CHECK(cudaEventRecord(join[l], lanes[l]));
+      CUDA_CHECK(cudaStreamWaitEvent(comm, join[l], 0));
+    }
   }
 
   // Also runs when the constructor stops half-way. Every collective has completed by then (both
@@ -84,11 +110,10 @@ struct PeerCopy::Impl {
   }
 };
 
-PeerCopy::PeerCopy(const MpiCommunicator& boot, BufferView buf, int device)
+PeerCopy::PeerCopy(const MpiCommunicator& boot, BufferView buf, int device, int sum_ctas)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
-  TRAINER_CHECK(buf.device == DeviceKind::kCuda && buf.dtype == DType::kF32,
-                "peer copies need an fp32 device buffer");
+  TRAINER_CHECK(buf.device == DeviceKind::kCuda, "peer copies need a device buffer");
   agree_on_usage_errors(boot, [&] {
     const int on_node = node_ranks_of(boot.comm()).size;
     if (boot.world() != 2 || on_node != 2)
@@ -100,13 +125,15 @@ PeerCopy::PeerCopy(const MpiCommunicator& boot, BufferView buf, int device)
 
   CUDA_CHECK(cudaSetDevice(device));
   m.rank = boot.rank();
+  m.sum_ctas = sum_ctas;
   m.write = driver_entry("cuStreamWriteValue32");
   m.wait = driver_entry("cuStreamWaitValue32");
   m.base = static_cast<char*>(buf.data);
   m.bytes = static_cast<int64_t>(buf.bytes());
   CUDA_CHECK(cudaMalloc(&m.counters, kCounters * sizeof(uint32_t)));
   CUDA_CHECK(cudaMemset(m.counters, 0, kCounters * sizeof(uint32_t)));
-  CUDA_CHECK(cudaMalloc(&m.staging, kLanes * kStagingFloats * sizeof(float)));
+  m.dtype = buf.dtype;
+  if (buf.dtype == DType::kF32) CUDA_CHECK(cudaMalloc(&m.staging, kLanes * kStagingBytes));
   int least = 0, greatest = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   for (int l = 0; l < kLanes; ++l) {
@@ -150,52 +177,46 @@ PeerCopy::~PeerCopy() = default;
 
 bool PeerCopy::covers(const BufferView& v) const {
   const char* p = static_cast<const char*>(v.data);
-  return v.device == DeviceKind::kCuda && v.dtype == DType::kF32 && p >= impl_->base &&
+  return v.device == DeviceKind::kCuda && v.dtype == impl_->dtype && p >= impl_->base &&
          p + v.bytes() <= impl_->base + impl_->bytes;
 }
 
 void PeerCopy::reduce(const BufferView& v, int64_t split, bool gather, cudaStream_t compute,
                       cudaStream_t comm) {
   Impl& m = *impl_;
-  TRAINER_CHECK(covers(v) && split >= 0 && split <= v.count,
-                "peer copy of a view outside the registered buffer");
+  TRAINER_CHECK(v.dtype == DType::kF32 && covers(v) && split >= 0 && split <= v.count,
+                "peer sum of a view outside the registered fp32 buffer");
   const Range first{0, split}, second{split, v.count};
   const Range mine = m.rank == 0 ? first : second, theirs = m.rank == 0 ? second : first;
   ++m.n;
-  // The peer-side address of element i of v.
+  // Byte offsets in both ranks' buffers of element 0 of v.
   const int64_t offset = static_cast<char*>(v.data) - m.base;
-  float* local = v.as<float>();
-  const float* remote = reinterpret_cast<const float*>(m.peer + offset);
-
+  char* local = m.base + offset;
+  const char* remote = m.peer + offset;
   m.post(compute, kPosted);
   m.await(comm, kPosted);
-  // Pieces of at most the staging size go round-robin to the lanes: copy, then add, on one lane;
-  // the lanes run side by side and `comm` joins them. Events are reused: a wait binds to the
-  // record that precedes it.
-  auto on_lanes = [&](Range r, bool sum) {
-    CUDA_CHECK(cudaEventRecord(m.fork, comm));
-    for (int l = 0; l < kLanes; ++l) CUDA_CHECK(cudaStreamWaitEvent(m.lanes[l], m.fork, 0));
-    const int64_t piece = std::min(kStagingFloats, (r.size() + kLanes - 1) / kLanes / 64 * 64 + 64);
-    int lane = 0;
-    for (int64_t at = r.begin; at < r.end; at += piece, lane = (lane + 1) % kLanes) {
-      const int64_t len = std::min(piece, r.end - at);
-      cudaStream_t s = m.lanes[lane];
-      float* dst = sum ? m.staging + lane * kStagingFloats : local + at;
-      CUDA_CHECK(
-          cudaMemcpyAsync(dst, remote + at, len * sizeof(float), cudaMemcpyDeviceToDevice, s));
-      if (sum) cuda::add_f32(local + at, dst, len, s);
-    }
-    for (int l = 0; l < kLanes; ++l) {
-      CUDA_CHECK(cudaEventRecord(m.join[l], m.lanes[l]));
-      CUDA_CHECK(cudaStreamWaitEvent(comm, m.join[l], 0));
-    }
-  };
-  if (!mine.empty()) on_lanes(mine, true);
+  if (!mine.empty())
+    m.pull(comm, local + mine.begin * 4, remote + mine.begin * 4, mine.size() * 4, /*sum=*/true);
   m.post(comm, kReduced);
   if (gather && !theirs.empty()) {
     m.await(comm, kReduced);
-    on_lanes(theirs, false);
+    m.pull(comm, local + theirs.begin * 4, remote + theirs.begin * 4, theirs.size() * 4, false);
   }
+  m.post(comm, kConsumed);
+  m.await(comm, kConsumed);
+}
+
+void PeerCopy::gather(const BufferView& buf, Range theirs, cudaStream_t compute,
+                      cudaStream_t comm) {
+  Impl& m = *impl_;
+  TRAINER_CHECK(covers(buf) && theirs.begin >= 0 && theirs.end <= buf.count,
+                "peer gather outside the registered buffer");
+  ++m.n;
+  const size_t esize = dtype_size(buf.dtype);
+  const int64_t offset = static_cast<char*>(buf.data) - m.base + theirs.begin * esize;
+  m.post(compute, kPosted);
+  m.await(comm, kPosted);
+  m.pull(comm, m.base + offset, m.peer + offset, theirs.size() * esize, /*sum=*/false);
   m.post(comm, kConsumed);
   m.await(comm, kConsumed);
 }

@@ -1,5 +1,6 @@
-// Gradient sums between the two GPUs of a 2-rank job on one host, moved by the GPUs' copy
-// engines over NVLink instead of by NCCL's kernels (--grad-transport ce).
+// Gradient sums (and ZeRO-1's parameter all-gather) between the two GPUs of a 2-rank job on one
+// host, moved by the GPUs' copy engines over NVLink instead of by NCCL's kernels
+// (--grad-transport ce).
 //
 // Why: NCCL's collectives run as kernels, and during backward their CTAs hold SMs that the
 // gradient GEMMs need (docs/performance.md measures the cost). A copy engine moves memory
@@ -13,6 +14,8 @@
 //                    reduced := n
 //                    [all-reduce only] wait peer.reduced >= n; copy peer's `theirs` -> theirs
 //                    consumed := n;  wait peer.consumed >= n
+// An all-gather is the same without the sum: wait peer.posted >= n; copy peer's `theirs` -> theirs;
+// consumed := n; wait peer.consumed >= n.
 // The counters are written and waited on with stream memory operations (cuStreamWriteValue32 /
 // cuStreamWaitValue32), so neither host blocks. The final wait means that when the collective's
 // completion event fires, the peer has also finished reading this rank's buffer, so the
@@ -31,15 +34,16 @@ namespace trainer {
 
 class PeerCopy {
  public:
-  // Collective over `boot`. `buf` (fp32, on `device`) must start a cudaMalloc allocation, as
-  // DeviceBuffer's views do. Throws UsageError on every rank when the job is not two ranks on one
-  // host, or when the GPUs cannot map each other's memory.
-  PeerCopy(const MpiCommunicator& boot, BufferView buf, int device);
+  // Collective over `boot`. `buf` (on `device`; fp32 for sums) must start a cudaMalloc allocation,
+  // as DeviceBuffer's views do. sum_ctas caps the CTAs of the sum kernel (0: the kernel's default).
+  // Throws UsageError on every rank when the job is not two ranks on one host, or when the GPUs
+  // cannot map each other's memory.
+  PeerCopy(const MpiCommunicator& boot, BufferView buf, int device, int sum_ctas = 0);
   ~PeerCopy();
   PeerCopy(const PeerCopy&) = delete;
   PeerCopy& operator=(const PeerCopy&) = delete;
 
-  // True for an fp32 view inside the registered buffer.
+  // True for a view inside the registered buffer, of its dtype.
   bool covers(const BufferView& v) const;
 
   // v is split at element `split`: rank 0 owns [0, split), rank 1 [split, count). Sums this rank's
@@ -48,6 +52,9 @@ class PeerCopy {
   // `compute` (one counter write) and on `comm`; completion is whatever `comm` records next.
   void reduce(const BufferView& v, int64_t split, bool gather, cudaStream_t compute,
               cudaStream_t comm);
+  // All-gather of two segments of buf: this rank's is already in place; copies the peer's
+  // elements `theirs` into this rank's buf. Queued like reduce().
+  void gather(const BufferView& buf, Range theirs, cudaStream_t compute, cudaStream_t comm);
 
  private:
   struct Impl;

@@ -1,5 +1,6 @@
 #include "core/device_buffer.h"
 
+#include <fmt/format.h>
 #include <sys/resource.h>
 
 #include <cstdlib>
@@ -100,6 +101,21 @@ int cuda_device_count() {
 }
 
 bool cuda_available() { return cuda_device_count() > 0; }
+
+std::string cuda_device_uuid(int device) {
+  std::string hex;
+#ifdef TRAINER_WITH_CUDA
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) {
+    cudaGetLastError();
+    return hex;
+  }
+  for (char c : p.uuid.bytes) hex += fmt::format("{:02x}", static_cast<unsigned char>(c));
+#else
+  (void)device;
+#endif
+  return hex;
+}
 
 int64_t memory_in_use(DeviceKind device) {
   if (device == DeviceKind::kCuda) {

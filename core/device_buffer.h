@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/buffer.h"
 
@@ -40,6 +41,9 @@ void zero(BufferView dst);
 bool cuda_available();
 // Number of visible CUDA devices (0 without the CUDA backend).
 int cuda_device_count();
+// The device's UUID as hex (the same GPU gives the same string in every process, whatever
+// CUDA_VISIBLE_DEVICES numbers it); "" without the CUDA backend or for an invalid index.
+std::string cuda_device_uuid(int device);
 // Memory in use: on CUDA the device's used bytes (total - free, as cudaMemGetInfo sees it); on
 // the CPU the process's peak resident set.
 int64_t memory_in_use(DeviceKind device);

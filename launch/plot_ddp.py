@@ -17,8 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 def label(r):
     if r["world"] == "1":
         return "1 GPU"
-    s = r["ddp"]
-    if s == "bucketed":
+    s = f"{r['world']} GPUs\n{r['ddp']}"
+    if r["ddp"] == "bucketed":
         s += f"\n{float(r['bucket_mb']):g} MiB"
     if r["shard_optim"] == "1":
         s += "\n+ZeRO-1"

@@ -4,8 +4,10 @@
     launch/trace_overlap.py TRACE.json
 
 Per rank and step (phases on track 0, collectives on track 1, as the trainer writes them):
-backward's span, the collectives launched, how many ended before backward did, the time the comm
-stream was busy, and the tail: how long after backward's end the last collective finished.
+backward's span, the gradient collectives launched, how many ended before backward did, the time
+the comm stream was busy with them, and the tail: how long after backward's end the last one
+finished. With ZeRO-1, a second table does the same for the parameter all-gathers against the
+optimizer phase they overlap.
 """
 import json
 import sys
@@ -21,15 +23,24 @@ def main():
             continue
         span = (e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3, e["name"])
         (phases if e.get("tid") == 0 else colls)[e["pid"]].append(span)
-    print("| rank | step | backward ms | collectives | ended inside backward | comm stream busy ms "
-          "| tail after backward ms |")
+    grads = {r: [c for c in cs if not c[2].startswith("all_gather")] for r, cs in colls.items()}
+    gathers = {r: [c for c in cs if c[2].startswith("all_gather")] for r, cs in colls.items()}
+    table(phases, grads, "backward", "collectives")
+    if any(gathers.values()):
+        print()
+        table(phases, gathers, "optimizer", "all-gathers")
+
+
+def table(phases, colls, phase, what):
+    print(f"| rank | step | {phase} ms | {what} | ended inside {phase} | comm stream busy ms "
+          f"| tail after {phase} ms |")
     print("|---|---|---|---|---|---|---|")
     for rank in sorted(phases):
-        backwards = sorted(p for p in phases[rank] if p[2] == "backward")
-        for step, (b0, b1, _) in enumerate(backwards):
-            # The collectives of this step start after its backward starts and before the next's.
-            nxt = backwards[step + 1][0] if step + 1 < len(backwards) else float("inf")
-            mine = [c for c in colls[rank] if b0 <= c[0] < nxt]
+        spans = sorted(p for p in phases[rank] if p[2] == phase)
+        for step, (b0, b1, _) in enumerate(spans):
+            # The collectives of this step start after its phase starts and before the next's.
+            nxt = spans[step + 1][0] if step + 1 < len(spans) else float("inf")
+            mine = [c for c in colls.get(rank, []) if b0 <= c[0] < nxt]
             if not mine:
                 continue
             inside = sum(1 for c in mine if c[1] <= b1)

@@ -65,24 +65,31 @@ AdamW::AdamW(DeviceKind device, int64_t count, AdamWConfig cfg)
   exp_avg_sq_ = DeviceBuffer(device, DType::kF32, count);
 }
 
-// AdamW update over the range; the element math is adamw_update() in optim/cuda/adamw.cuh.
 void AdamW::step(BufferView grads, BufferView params_out, double lr, int64_t t, float grad_scale,
                  void* stream) {
+  step_part({0, count_}, grads, params_out, lr, t, grad_scale, stream);
+}
+
+// AdamW update over the part; the element math is adamw_update() in optim/cuda/adamw.cuh.
+void AdamW::step_part(Range part, BufferView grads, BufferView params_out, double lr, int64_t t,
+                      float grad_scale, void* stream) {
   TRAINER_CHECK(t >= 1, "AdamW step number {} (steps count from 1)", t);
   TRAINER_CHECK(std::isfinite(lr) && lr >= 0, "AdamW learning rate {}", lr);
-  check_view(grads, count_, device_, "gradient view");
-  check_view(params_out, count_, device_, "parameter view");
+  TRAINER_CHECK(part.begin >= 0 && part.begin <= part.end && part.end <= count_,
+                "AdamW part [{}, {}) of {} elements", part.begin, part.end, count_);
+  check_view(grads, part.size(), device_, "gradient view");
+  check_view(params_out, part.size(), device_, "parameter view");
   TRAINER_CHECK(grads.dtype == DType::kF32, "gradients are {}, AdamW needs f32",
                 dtype_name(grads.dtype));
   TRAINER_CHECK(params_out.dtype == DType::kF32 || params_out.dtype == DType::kBF16,
                 "AdamW writes f32 or bf16 parameters, not {}", dtype_name(params_out.dtype));
-  if (count_ == 0) return;
+  if (part.empty()) return;
   const AdamWStepArgs a = make_step_args(cfg_, lr, t, grad_scale);
-  float* p = master_.as<float>();
-  float* m = exp_avg_.as<float>();
-  float* v = exp_avg_sq_.as<float>();
+  float* p = master_.as<float>() + part.begin;
+  float* m = exp_avg_.as<float>() + part.begin;
+  float* v = exp_avg_sq_.as<float>() + part.begin;
   const float* g = grads.as<const float>();
-  const int64_t n = count_;
+  const int64_t n = part.size();
 
   if (device_ == DeviceKind::kCuda) {
 #ifdef TRAINER_WITH_CUDA

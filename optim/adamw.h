@@ -55,6 +55,11 @@ class AdamW {
   // in.
   void step(BufferView grads, BufferView params_out, double lr, int64_t t, float grad_scale,
             void* stream = nullptr);
+  // The same update for elements [part.begin, part.end) of this optimizer's range only; grads and
+  // params_out hold part.size() elements. Updating in parts gives the same result as one step()
+  // (the math is per element); ZeRO-1 sends each updated part on while the next is computed.
+  void step_part(Range part, BufferView grads, BufferView params_out, double lr, int64_t t,
+                 float grad_scale, void* stream = nullptr);
 
  private:
   DeviceKind device_;

@@ -82,9 +82,10 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--grad-transport", o.grad_transport,
                  "nccl | ce: how GPU gradient sums move (ce: copy engines over NVLink, no SMs; "
                  "2 ranks on one host)");
-  app.add_option("--comm-sms", o.comm_sms,
-                 "GPU: NCCL runs on this many CTAs and backward's GEMMs leave it that many SMs "
-                 "(0 = NCCL's default, GEMMs use every SM)");
+  app.add_option(
+      "--comm-sms", o.comm_sms,
+      "GPU: NCCL (or the copy-engine path's sum kernel) runs on this many CTAs and "
+      "backward's GEMMs leave it that many SMs (0 = NCCL's default, GEMMs use every SM)");
   app.add_option("--comm-timeout", o.comm_timeout,
                  "seconds a GPU collective may take before every rank is stopped");
   app.add_option("--trace", o.trace,

@@ -166,6 +166,7 @@ class Run {
   Communicator* grad_comm_ = nullptr;
   std::optional<ShardPlan> shards_;
   Range owned_;
+  std::vector<Range> update_parts_;  // of owned_, relative to its start
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GradSync> sync_;
   std::unique_ptr<StepTimer> timer_;
@@ -189,6 +190,25 @@ void Run::setup() {
   // rank's message reaches every rank.
   const std::string fingerprint = settings_fingerprint(o_);
   const std::string root_fingerprint = world_.broadcast_string(fingerprint, 0);
+  // Collectives stay outside the checks below. Each rank takes GPU (local rank mod visible GPUs);
+  // NCCL refuses two ranks on one GPU, so compare the GPUs' UUIDs first and say so plainly.
+  const NodeRanks node = node_ranks_of(world_.comm());
+  const int gpus = cuda_device_count();
+  std::string shared_gpu;
+  if (nranks_ > 1) {  // the same on every rank: a collective
+    const bool on_gpu = device_ == DeviceKind::kCuda && gpus > 0;
+    const auto uuids =
+        world_.gather_strings_to_root(on_gpu ? cuda_device_uuid(node.rank % gpus) : "");
+    for (size_t i = 0; i < uuids.size() && shared_gpu.empty(); ++i)
+      for (size_t j = i + 1; j < uuids.size() && shared_gpu.empty(); ++j)
+        if (!uuids[i].empty() && uuids[i] == uuids[j])
+          shared_gpu = fmt::format(
+              "ranks {} and {} would share one GPU (rank 0's host runs {} ranks and has {} visible "
+              "GPU(s)); start at most one rank per GPU (mpirun -np / --map-by ppr:N:node) or make "
+              "more GPUs visible (CUDA_VISIBLE_DEVICES)",
+              i, j, node.size, gpus);
+    shared_gpu = world_.broadcast_string(shared_gpu, 0);
+  }
   agree_on_usage_errors(world_, [&] {
     const std::string diff = first_difference(root_fingerprint, fingerprint);
     if (!diff.empty())
@@ -209,6 +229,7 @@ void Run::setup() {
                   " (this binary was built without the CUDA backend)"
 #endif
       );
+    if (!shared_gpu.empty()) usage_error("{}", shared_gpu);
     if (device_ == DeviceKind::kCpu && o_.grad_reduce != "fp32")
       usage_error("--grad-reduce {} needs --device cuda; the CPU backend reduces in fp32",
                   o_.grad_reduce);
@@ -251,6 +272,12 @@ void Run::setup() {
   for (const auto& t : layout_.tensors()) tensors.push_back(t.range());
   const SyncStrategy strategy = parse_sync_strategy(o_.ddp);
   const double bucket_bytes = o_.bucket_mb * 1048576.0;
+  // ZeRO-1 with an overlapping strategy also overlaps its parameter all-gather, with the update.
+  const bool pipelined_gather =
+      shards_ && nranks_ > 1 &&
+      (strategy == SyncStrategy::kBucketed || strategy == SyncStrategy::kOverlap);
+  update_parts_ = plan_update_parts(owned_.size(), pipelined_gather ? bucket_bytes : 0,
+                                    ParamLayout::kAlignElems);
 
   ReplicaOptions ro;
   ro.max_batch = o_.batch;
@@ -258,8 +285,7 @@ void Run::setup() {
   ro.precision = precision_;
   ro.attention = o_.attention;
   if (device_ == DeviceKind::kCuda) {
-    const int local = local_rank_of(world_.comm());
-    ro.device_index = local % std::max(1, cuda_device_count());
+    ro.device_index = node.rank % std::max(1, gpus);
     // Only strategies that run collectives during backward share the SMs with it.
     if (nranks_ > 1 && (strategy == SyncStrategy::kBucketed || strategy == SyncStrategy::kOverlap))
       ro.comm_sms = o_.comm_sms;
@@ -282,7 +308,10 @@ void Run::setup() {
         no.staging_elems = std::max(no.staging_elems, u.range.size());
     no.timeout_s = o_.comm_timeout;
     no.ctas = o_.comm_sms;
-    if (o_.grad_transport == "ce") no.peer_copy = replica_->grads();
+    if (o_.grad_transport == "ce") {
+      no.peer_copy = replica_->grads();
+      if (shards_) no.peer_gather = replica_->params();  // ZeRO-1's all-gather too
+    }
     nccl_ = make_nccl_communicator(world_, no);
     grad_comm_ = nccl_.get();
   }
@@ -342,6 +371,13 @@ void Run::setup() {
                  per_rank);
     spdlog::info("gradient sync: --ddp {}{} | {}", sync_strategy_name(strategy),
                  shards_ ? " + reduce-scatter (ZeRO-1)" : "", describe_units(sync_->units()));
+    if (shards_ && nranks_ > 1)
+      spdlog::info(
+          "ZeRO-1 parameter all-gather: {} part(s) of up to {:.2f} MiB of parameters "
+          "per rank{}",
+          update_parts_.size(),
+          update_parts_[0].size() * dtype_size(replica_->params().dtype) / 1048576.0,
+          update_parts_.size() > 1 ? ", each sent while the next is updated" : "");
     if (o_.out.empty() && !o_.benchmark)
       spdlog::warn("no --out directory: no metrics, checkpoints or final weights will be written");
   }
@@ -423,6 +459,9 @@ void Run::forward_backward(int64_t step, bool backward, bool reduce) {
 
 void Run::optimizer_step(int64_t s, double& grad_norm) {
   BufferView grads = replica_->grads().slice(owned_.begin, owned_.size());
+  BufferView params = replica_->params().slice(owned_.begin, owned_.size());
+  const bool gather = shards_ && nranks_ > 1;
+  std::vector<CommHandle> gathers;
   {
     PhaseScope p(*timer_, Phase::kOptimizer);
 #ifdef TRAINER_WITH_CUDA
@@ -433,17 +472,25 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
     if (shards_ && nranks_ > 1) sq = world_.sum(sq);
     grad_norm = std::sqrt(sq);
     const float clip = clip_scale(grad_norm, o_.clip);
-    opt_->step(grads, replica_->params().slice(owned_.begin, owned_.size()), schedule_.at(s), s + 1,
-               clip, replica_->stream());
+    // ZeRO-1: part k of every rank's slice is all-gathered while part k+1 is updated.
+    for (const Range& part : update_parts_) {
+      opt_->step_part(part, grads.slice(part.begin, part.size()),
+                      params.slice(part.begin, part.size()), schedule_.at(s), s + 1, clip,
+                      replica_->stream());
+      if (!gather) continue;
+      std::vector<Range> segments;
+      for (int r = 0; r < nranks_; ++r)
+        segments.push_back(
+            {shards_->shard(r).begin + part.begin, shards_->shard(r).begin + part.end});
+      gathers.push_back(grad_comm_->all_gather(replica_->params(), segments));
+    }
 #ifdef TRAINER_WITH_CUDA
     nvtxRangePop();
 #endif
   }
-  if (shards_ && nranks_ > 1) {
+  if (gather) {
     PhaseScope p(*timer_, Phase::kComm);
-    grad_comm_
-        ->all_gather(replica_->params(), std::vector<int64_t>(nranks_, shards_->shard_elems()))
-        ->wait();
+    wait_all(gathers);
   }
 }
 

@@ -1,24 +1,47 @@
 #!/usr/bin/env bash
-# GPU failure handling on 2 GPUs: a rank that stops answering mid-run makes the NCCL watchdog of the
-# other rank end every rank, with a message naming the rank and the collective, well before the
-# timeout of this script. Usage: gpu_failures.sh BUILD_DIR DATA.npy
+# GPU failure handling on 2 GPUs. Usage: gpu_failures.sh BUILD_DIR DATA.npy
+#  1. A rank that stops answering mid-run makes the NCCL watchdog of the other rank end every rank,
+#     with a message naming the rank and the collective, well before the timeout of this script.
+#  2. 3 ranks on 2 GPUs (two ranks would share a GPU, which NCCL refuses) are refused on every rank
+#     with exit code 2 and a message naming the ranks, before NCCL starts.
 set -uo pipefail
 build=${1:?usage: gpu_failures.sh BUILD_DIR DATA.npy}
 data=${2:?usage: gpu_failures.sh BUILD_DIR DATA.npy}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+tiny=(--device cuda --d-model 64 --d-ff 128 --layers 2 --heads 2 --vocab 256 --ctx 64 --batch 4
+      --data "$data")
+passed=0 failed=0
+verdict() {  # verdict OK PASS_LINE FAIL_LINE: counts the case, prints its line (and the log on failure)
+  if [[ $1 == 1 ]]; then
+    echo "$2"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $3"
+    echo "$out" | tail -20
+    failed=$((failed + 1))
+  fi
+}
+
 start=$(date +%s)
-out=$(timeout 180 mpirun --oversubscribe -np 2 "$build/trainer" --device cuda --d-model 64 \
-  --d-ff 128 --layers 2 --heads 2 --vocab 256 --ctx 64 --batch 4 --steps 100 --data "$data" \
+out=$(timeout 180 mpirun --oversubscribe -np 2 "$build/trainer" "${tiny[@]}" --steps 100 \
   --comm-timeout 10 --debug-stall-at-step 3 --debug-stall-rank 1 2>&1)
 rc=$?
 secs=$(( $(date +%s) - start ))
 echo "$out" | grep -E "stops answering|has not completed|aborting" | head -5
-if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "rank 0/2: .*has not completed after" <<<"$out"; then
-  echo "watchdog: every rank stopped (exit $rc) after ${secs} s"
-  echo "1 passed, 0 failed"
-  exit 0
-fi
-echo "FAIL: exit $rc after ${secs} s"
-echo "$out" | tail -20
-echo "0 passed, 1 failed"
-exit 1
+ok=0
+[[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "rank 0/2: .*has not completed after" <<<"$out" && ok=1
+verdict $ok "watchdog: every rank stopped (exit $rc) after ${secs} s" \
+  "watchdog: exit $rc after ${secs} s"
+
+out=$(timeout 120 mpirun --oversubscribe --bind-to none -np 3 "$build/trainer" "${tiny[@]}" \
+  --steps 2 2>&1)
+rc=$?
+named=$(grep -c "ranks 0 and 2 would share one GPU" <<<"$out")
+echo "$out" | grep -E "share one GPU" | head -3
+ok=0
+[[ $rc -eq 2 && $named -eq 3 ]] && ok=1
+verdict $ok "3 ranks on 2 GPUs: refused on every rank (exit 2)" \
+  "3 ranks on 2 GPUs: exit $rc, message on $named of 3 ranks"
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]

@@ -106,3 +106,23 @@ TEST_CASE("shard plans are equal, aligned and split units by owner") {
   ShardPlan s(2, 256, 64);
   REQUIRE(s.counts_in({100, 200}) == std::vector<int64_t>{28, 72});
 }
+
+TEST_CASE("ZeRO-1 update parts tile the slice in aligned pieces of the bucket size") {
+  // 1 MiB of fp32 = 262144 elements, a multiple of 64.
+  auto parts = plan_update_parts(1000000, 1048576.0, 64);
+  REQUIRE(parts.size() == 4);
+  REQUIRE(parts[0] == Range{0, 262144});
+  REQUIRE(parts[3] == Range{786432, 1000000});
+  // Odd sizes round up to the alignment; tiny buckets still give one aligned unit.
+  REQUIRE(plan_update_parts(200, 100.0, 64)[0] == Range{0, 64});
+  REQUIRE(plan_update_parts(200, 100.0, 64).size() == 4);
+  REQUIRE(plan_update_parts(200, 4 * 65.0, 64)[0] == Range{0, 128});
+  // Never more than 16 parts: small buckets on a large slice give sixteenths.
+  parts = plan_update_parts(16 * 6400 + 1, 4.0, 64);
+  REQUIRE(parts.size() == 16);
+  REQUIRE(parts[0] == Range{0, 6464});
+  REQUIRE(parts[15].end == 16 * 6400 + 1);
+  // No bucket size: one part; an empty slice: one empty part.
+  REQUIRE(plan_update_parts(1000, 0, 64) == std::vector<Range>{Range{0, 1000}});
+  REQUIRE(plan_update_parts(0, 1048576.0, 64) == std::vector<Range>{Range{0, 0}});
+}

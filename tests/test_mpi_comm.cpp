@@ -42,10 +42,23 @@ TEST_CASE("all_reduce, reduce_scatter, all_gather, broadcast") {
 
   std::vector<float> c(total, -1.0f);
   for (int64_t i = mine; i < mine + counts[r]; ++i) c[i] = static_cast<float>(100 + r);
-  comm.all_gather(view(c), counts)->wait();
+  comm.all_gather(view(c), consecutive_segments(counts))->wait();
   int64_t at = 0;
   for (int k = 0; k < w; ++k)
     for (int64_t i = 0; i < counts[k]; ++i) REQUIRE(c[at++] == static_cast<float>(100 + k));
+
+  // Segments apart and out of rank order (ZeRO-1's chunks): rank k owns [50 * (w-1-k) + 5, +9);
+  // elements between them are left alone.
+  std::vector<Range> seg(w);
+  for (int k = 0; k < w; ++k) seg[k] = {50 * (w - 1 - k) + 5, 50 * (w - 1 - k) + 14};
+  std::vector<float> e(50 * w, -1.0f);
+  for (int64_t i = seg[r].begin; i < seg[r].end; ++i) e[i] = static_cast<float>(i * 10 + r);
+  comm.all_gather(view(e), seg)->wait();
+  for (int k = 0; k < w; ++k)
+    for (int64_t i = seg[k].begin; i < seg[k].end; ++i)
+      REQUIRE(e[i] == static_cast<float>(i * 10 + k));
+  for (int64_t i = 0; i < 5; ++i) REQUIRE(e[i] == -1.0f);
+  REQUIRE_THROWS(comm.all_gather(view(e), std::vector<Range>(w, Range{0, 3})));
 
   std::vector<float> d(77, static_cast<float>(r));
   comm.broadcast(view(d), w - 1)->wait();

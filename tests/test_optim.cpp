@@ -133,6 +133,31 @@ TEST_CASE("AdamW writes bf16 parameters rounded from the master, and may update 
   for (int i = 0; i < 3; ++i) CHECK(after[i] != before[i]);
 }
 
+TEST_CASE("AdamW updated part by part equals one step over the whole range") {
+  const int n = 103;
+  AdamW whole(DeviceKind::kCpu, n, {}), parts(DeviceKind::kCpu, n, {});
+  std::vector<float> p0(n), g(n), out_whole(n), out_parts(n, -7.0f);
+  for (int i = 0; i < n; ++i) {
+    p0[i] = std::sin(0.3f * i);
+    g[i] = std::cos(0.7f * i) - 0.2f;
+  }
+  std::memcpy(whole.master().data, p0.data(), n * 4);
+  std::memcpy(parts.master().data, p0.data(), n * 4);
+  for (int t = 1; t <= 3; ++t) {
+    whole.step(cpu_view(g), cpu_view(out_whole), 1e-2, t, 0.5f);
+    // Uneven parts, out of order, one empty.
+    for (Range r : {Range{40, 103}, Range{0, 17}, Range{17, 17}, Range{17, 40}})
+      parts.step_part(r, cpu_view(g).slice(r.begin, r.size()),
+                      cpu_view(out_parts).slice(r.begin, r.size()), 1e-2, t, 0.5f);
+  }
+  REQUIRE(out_parts == out_whole);
+  REQUIRE(to_vector(parts.exp_avg()) == to_vector(whole.exp_avg()));
+  REQUIRE(to_vector(parts.exp_avg_sq()) == to_vector(whole.exp_avg_sq()));
+  REQUIRE_THROWS_AS(parts.step_part({90, 104}, cpu_view(g).slice(0, 14),
+                                    cpu_view(out_parts).slice(0, 14), 1e-2, 4, 1.0f),
+                    RuntimeError);
+}
+
 TEST_CASE("AdamW rejects bad hyper-parameters and mismatched buffers") {
   AdamWConfig bad;
   bad.beta1 = 1.0;

@@ -61,10 +61,11 @@ void bf16_to_f32(const void* src, float* dst, int64_t n, void* stream) {
   CUDA_CHECK_LAUNCH("bf16_to_f32_kernel");
 }
 
-void add_f32(float* dst, const float* src, int64_t n, void* stream) {
+void add_f32(float* dst, const float* src, int64_t n, void* stream, int max_ctas) {
   if (n == 0) return;
+  const int64_t cap = max_ctas > 0 ? max_ctas : 264;
   const int64_t b = (n / 4 + 255) / 256;
-  const unsigned blocks = static_cast<unsigned>(b < 264 ? (b > 0 ? b : 1) : 264);
+  const unsigned blocks = static_cast<unsigned>(b < cap ? (b > 0 ? b : 1) : cap);
   add_f32_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(dst, src, n);
   CUDA_CHECK_LAUNCH("add_f32_kernel");
 }

@@ -7,6 +7,7 @@
 namespace trainer::cuda {
 void f32_to_bf16(const float* src, void* dst_bf16, int64_t n, void* stream);
 void bf16_to_f32(const void* src_bf16, float* dst, int64_t n, void* stream);
-// dst += src (at most 2 CTAs per SM of an H100/H200: it is bound by memory, not by SMs).
-void add_f32(float* dst, const float* src, int64_t n, void* stream);
+// dst += src, on at most max_ctas CTAs of 256 threads (0: 264, two per SM of an H100/H200: it is
+// bound by memory, not by SMs).
+void add_f32(float* dst, const float* src, int64_t n, void* stream, int max_ctas = 0);
 }  // namespace trainer::cuda
