@@ -204,17 +204,14 @@ std::vector<std::vector<double>> MpiCommunicator::gather_to_root(
 }
 
 void MpiCommunicator::gather_to_root(const float* mine, int64_t n, float* root_out) const {
-  std::vector<float> chunk_all;
-  for (int64_t off = 0; off < n; off += kMaxChunk) {
-    const int64_t c = std::min(kMaxChunk, n - off);
-    if (rank_ == 0) chunk_all.resize(static_cast<size_t>(c) * world_);
-    MPI_CHECK(MPI_Gather(mine + off, static_cast<int>(c), MPI_FLOAT, chunk_all.data(),
-                         static_cast<int>(c), MPI_FLOAT, 0, comm_));
-    if (rank_ == 0)
-      for (int r = 0; r < world_; ++r)
-        std::memcpy(root_out + r * n + off, chunk_all.data() + static_cast<size_t>(r) * c,
-                    c * sizeof(float));
-  }
+  const int count = as_int_count(n, "gather_to_root");
+  std::vector<int> counts(world_), displs(world_);
+  MPI_CHECK(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm_));
+  int64_t total = 0;
+  for (int r = 0; r < world_; ++r)
+    displs[r] = as_int_count(total, "gather_to_root"), total += counts[r];
+  MPI_CHECK(MPI_Gatherv(mine, count, MPI_FLOAT, root_out, counts.data(), displs.data(), MPI_FLOAT,
+                        0, comm_));
 }
 
 std::vector<std::string> MpiCommunicator::gather_strings_to_root(const std::string& mine) const {

@@ -32,8 +32,8 @@ class MpiCommunicator : public Communicator {
   double max(double x) const;
   int64_t max(int64_t x) const;
   std::string broadcast_string(const std::string& s, int root) const;
-  // Rank 0 receives every rank's `n` floats, in rank order, into root_out[world * n] (ignored
-  // elsewhere). Any n (large transfers are chunked).
+  // Rank 0 receives every rank's `n` floats (n may differ between ranks), back to back in rank
+  // order, into root_out (ignored elsewhere). The total must fit MPI's int counts.
   void gather_to_root(const float* mine, int64_t n, float* root_out) const;
   // Rank 0 receives every rank's string, in rank order.
   std::vector<std::string> gather_strings_to_root(const std::string& mine) const;

@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <optional>
 
 #include "core/error.h"
 #include "runtime/safetensors.h"
@@ -16,16 +18,49 @@ namespace {
 
 constexpr const char* kFormat = "trainer-checkpoint-v1";
 
-void add_tensors(SafetensorsWriter& w, const ParamLayout& L, const std::string& prefix,
-                 const float* flat) {
-  for (const ParamTensor* t : L.spec_order())
-    w.add(prefix + t->name, "F32", t->shape, flat + t->offset, t->numel * sizeof(float));
+// Streams the named tensors of each state into one file, tensor by tensor in SPEC order (with
+// prefixes[k] before the names of states[k]). Runs the sources on every rank; writes only with
+// `write`.
+void stream_tensors(const std::string& path, const ParamLayout& L,
+                    const std::vector<std::pair<std::string, const TensorSource*>>& states,
+                    const std::map<std::string, std::string>& metadata, bool write) {
+  std::vector<TensorDecl> decls;
+  int64_t largest = 0;
+  for (const auto& [prefix, source] : states)
+    for (const ParamTensor* t : L.spec_order()) {
+      decls.push_back({prefix + t->name, "F32", t->shape});
+      largest = std::max(largest, t->numel);
+    }
+  std::optional<SafetensorsStream> file;
+  std::vector<float> buf;
+  if (write) {
+    file.emplace(path, decls, metadata);
+    buf.resize(largest);
+  }
+  for (const auto& [prefix, source] : states)
+    for (const ParamTensor* t : L.spec_order()) {
+      (*source)(*t, write ? buf.data() : nullptr);
+      if (write) file->append(buf.data(), t->numel * sizeof(float));
+    }
+  if (write) file->commit();
 }
 
+TensorSource flat_source(const float* flat) {
+  return [flat](const ParamTensor& t, float* out) {
+    if (out) std::copy(flat + t.offset, flat + t.offset + t.numel, out);
+  };
+}
+
+// Fills out[range.size()] with elements [range.begin, range.end) of the flat layout; every
+// tensor is checked (present, F32, its shape), also those outside the range.
 void read_tensors(const SafetensorsReader& r, const ParamLayout& L, const std::string& prefix,
-                  float* flat) {
-  for (const ParamTensor* t : L.spec_order())
-    r.read_f32(prefix + t->name, t->shape, flat + t->offset);
+                  float* out, Range range) {
+  for (const ParamTensor* t : L.spec_order()) {
+    const Range part = t->range().intersect(range);
+    r.read_f32(prefix + t->name, t->shape,
+               part.empty() ? nullptr : out + (part.begin - range.begin),
+               part.empty() ? 0 : part.begin - t->offset, part.size());
+  }
 }
 
 }  // namespace
@@ -46,38 +81,44 @@ ModelConfig config_from_json(const nlohmann::json& j) {
   return c;
 }
 
+void save_model(const std::string& path, const ParamLayout& L, const TensorSource& params,
+                const nlohmann::json& meta, bool write) {
+  // "format": "pt" is what safetensors.torch writes; harmless for other readers.
+  std::map<std::string, std::string> md = {{"format", "pt"}};
+  for (auto it = meta.begin(); it != meta.end(); ++it)
+    md[it.key()] = it->is_string() ? it->get<std::string>() : it->dump();
+  stream_tensors(path, L, {{"", &params}}, md, write);
+}
+
 void save_model(const std::string& path, const ParamLayout& L, const float* flat,
                 const nlohmann::json& meta) {
-  SafetensorsWriter w;
-  add_tensors(w, L, "", flat);
-  w.set_metadata("format", "pt");  // what safetensors.torch writes; harmless for other readers
-  for (auto it = meta.begin(); it != meta.end(); ++it)
-    w.set_metadata(it.key(), it->is_string() ? it->get<std::string>() : it->dump());
-  w.write(path);
+  save_model(path, L, flat_source(flat), meta);
 }
 
 void load_model(const std::string& path, const ParamLayout& L, float* flat) {
-  read_tensors(SafetensorsReader::open(path), L, "", flat);
+  read_tensors(SafetensorsReader::open(path), L, "", flat, {0, L.padded_total(1)});
 }
 
-void save_checkpoint(const std::string& dir, const ParamLayout& L, const float* params,
-                     const float* exp_avg, const float* exp_avg_sq, const CheckpointMeta& meta) {
+void save_checkpoint(const std::string& dir, const ParamLayout& L, const TensorSource& params,
+                     const TensorSource& exp_avg, const TensorSource& exp_avg_sq,
+                     const CheckpointMeta& meta, bool write) {
   const fs::path final_dir(dir);
   const fs::path tmp_dir = final_dir.string() + ".tmp-" + std::to_string(::getpid());
   std::error_code ec;
-  fs::remove_all(tmp_dir, ec);
-  if (!fs::create_directories(tmp_dir, ec) && ec)
-    usage_error("cannot create checkpoint directory {}: {}", tmp_dir.string(), ec.message());
-
-  save_model((tmp_dir / "model.safetensors").string(), L, params);
-  SafetensorsWriter w;
-  add_tensors(w, L, "exp_avg.", exp_avg);
-  add_tensors(w, L, "exp_avg_sq.", exp_avg_sq);
-  w.set_metadata("format", kFormat);
-  w.set_metadata("step", std::to_string(meta.step));
-  w.set_metadata("config", meta.config.dump());
-  w.set_metadata("run", meta.run.dump());
-  w.write((tmp_dir / "optimizer.safetensors").string());
+  if (write) {
+    fs::remove_all(tmp_dir, ec);
+    if (!fs::create_directories(tmp_dir, ec) && ec)
+      usage_error("cannot create checkpoint directory {}: {}", tmp_dir.string(), ec.message());
+  }
+  save_model((tmp_dir / "model.safetensors").string(), L, params, {}, write);
+  stream_tensors((tmp_dir / "optimizer.safetensors").string(), L,
+                 {{"exp_avg.", &exp_avg}, {"exp_avg_sq.", &exp_avg_sq}},
+                 {{"format", kFormat},
+                  {"step", std::to_string(meta.step)},
+                  {"config", meta.config.dump()},
+                  {"run", meta.run.dump()}},
+                 write);
+  if (!write) return;
 
   // Swap the complete directory into place; an older one of the same name is removed after.
   const fs::path old_dir = final_dir.string() + ".old-" + std::to_string(::getpid());
@@ -87,9 +128,14 @@ void save_checkpoint(const std::string& dir, const ParamLayout& L, const float* 
   fs::remove_all(old_dir, ec);
 }
 
+void save_checkpoint(const std::string& dir, const ParamLayout& L, const float* params,
+                     const float* exp_avg, const float* exp_avg_sq, const CheckpointMeta& meta) {
+  save_checkpoint(dir, L, flat_source(params), flat_source(exp_avg), flat_source(exp_avg_sq), meta);
+}
+
 CheckpointMeta load_checkpoint(const std::string& dir, const ParamLayout& L,
                                const ModelConfig& expected, float* params, float* exp_avg,
-                               float* exp_avg_sq) {
+                               float* exp_avg_sq, std::optional<Range> moments) {
   if (!fs::is_directory(dir))
     usage_error(
         "--resume {}: not a checkpoint directory (expected DIR/step_N with "
@@ -131,8 +177,9 @@ CheckpointMeta load_checkpoint(const std::string& dir, const ParamLayout& L,
     usage_error("{}: unreadable step '{}'", opt_path, field("step"));
   }
   if (params) load_model(model_path, L, params);
-  if (exp_avg) read_tensors(opt, L, "exp_avg.", exp_avg);
-  if (exp_avg_sq) read_tensors(opt, L, "exp_avg_sq.", exp_avg_sq);
+  const Range range = moments.value_or(Range{0, L.padded_total(1)});
+  if (exp_avg) read_tensors(opt, L, "exp_avg.", exp_avg, range);
+  if (exp_avg_sq) read_tensors(opt, L, "exp_avg_sq.", exp_avg_sq, range);
   return meta;
 }
 

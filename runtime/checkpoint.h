@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,7 +18,17 @@
 
 namespace trainer {
 
-// Writes DIR/model.safetensors from a flat fp32 buffer (atomic).
+// One fp32 state of the model (the weights, or an AdamW moment) as the writers read it: fills
+// out[t.numel] with tensor t. The writers call it for every tensor in SPEC order, one tensor at a
+// time, so a file never needs the whole state in memory. With several ranks it may be a
+// collective: every rank runs the writer, and only the one that writes (`write`) passes a
+// buffer (the others get out == nullptr and touch no file).
+using TensorSource = std::function<void(const ParamTensor& t, float* out)>;
+
+// Writes model.safetensors at `path` (atomic).
+void save_model(const std::string& path, const ParamLayout& L, const TensorSource& params,
+                const nlohmann::json& meta = {}, bool write = true);
+// The same from a flat fp32 buffer.
 void save_model(const std::string& path, const ParamLayout& L, const float* flat,
                 const nlohmann::json& meta = {});
 // Reads model.safetensors into a flat fp32 buffer (padding left untouched). Missing tensors,
@@ -32,15 +44,22 @@ struct CheckpointMeta {
 nlohmann::json config_to_json(const ModelConfig& c);
 ModelConfig config_from_json(const nlohmann::json& j);
 
-// Writes DIR (e.g. out/step_100) with model.safetensors and optimizer.safetensors, atomically.
+// Writes DIR (e.g. out/step_100) with model.safetensors and optimizer.safetensors, atomically
+// (see TensorSource for `write`).
+void save_checkpoint(const std::string& dir, const ParamLayout& L, const TensorSource& params,
+                     const TensorSource& exp_avg, const TensorSource& exp_avg_sq,
+                     const CheckpointMeta& meta, bool write = true);
+// The same from flat fp32 buffers.
 void save_checkpoint(const std::string& dir, const ParamLayout& L, const float* params,
                      const float* exp_avg, const float* exp_avg_sq, const CheckpointMeta& meta);
 
 // Reads a checkpoint directory: metadata, and the flat fp32 params / AdamW moments (each may be
 // null to skip). Checks the model dimensions against `expected` and names the first mismatch.
+// With `moments`, exp_avg / exp_avg_sq receive only those elements of the flat layout (a ZeRO-1
+// rank's shard: out[moments.size()]).
 CheckpointMeta load_checkpoint(const std::string& dir, const ParamLayout& L,
                                const ModelConfig& expected, float* params, float* exp_avg,
-                               float* exp_avg_sq);
+                               float* exp_avg_sq, std::optional<Range> moments = std::nullopt);
 
 // The newest complete step_N directory under `out` ("" if none).
 std::string latest_checkpoint(const std::string& out);

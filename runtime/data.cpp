@@ -82,51 +82,64 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
 // ---------------------------------------------------------------------------------------------
 // Atomic writes
 
-namespace {
-
-// Closes the temp file and removes it unless the write went through.
-struct TempFile {
-  std::string path;
-  FILE* f = nullptr;
-  bool keep = false;
-  ~TempFile() {
-    if (f != nullptr) std::fclose(f);
-    if (!keep) std::remove(path.c_str());
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  tmp_ = fmt::format("{}.tmp.{}", path_, ::getpid());
+  f_ = std::fopen(tmp_.c_str(), "wb");
+  if (f_ == nullptr) {
+    committed_ = true;  // nothing was created, nothing to remove
+    fail("write");
   }
-};
+}
 
-}  // namespace
+AtomicFile::~AtomicFile() {
+  if (f_ != nullptr) std::fclose(f_);
+  if (!committed_) std::remove(tmp_.c_str());
+}
 
-void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces) {
-  TempFile tmp;
-  tmp.path = fmt::format("{}.tmp.{}", path, ::getpid());
-  tmp.f = std::fopen(tmp.path.c_str(), "wb");
-  if (tmp.f == nullptr) {
-    tmp.keep = true;  // nothing was created
-    usage_error("cannot write '{}': {}", path, std::strerror(errno));
+void AtomicFile::fail(const char* what) const {
+  usage_error("cannot {} '{}': {}", what, path_, std::strerror(errno));
+}
+
+void AtomicFile::append(const void* data, size_t n) {
+  TRAINER_CHECK(f_ != nullptr && !committed_, "append to '{}' after commit", path_);
+  if (n > 0 && std::fwrite(data, 1, n, f_) != n) fail("write");
+}
+
+void AtomicFile::overwrite(uint64_t offset, const void* data, size_t n) {
+  TRAINER_CHECK(f_ != nullptr && !committed_, "overwrite in '{}' after commit", path_);
+  if (std::fflush(f_) != 0) fail("write");
+  const auto* p = static_cast<const char*>(data);
+  for (size_t done = 0; done < n;) {
+    const ssize_t w = ::pwrite(::fileno(f_), p + done, n - done, static_cast<off_t>(offset + done));
+    if (w <= 0) fail("write");
+    done += static_cast<size_t>(w);
   }
-  for (const ByteSpan& p : pieces) {
-    if (p.size == 0) continue;
-    if (std::fwrite(p.data, 1, p.size, tmp.f) != p.size)
-      usage_error("cannot write '{}': {}", path, std::strerror(errno));
-  }
-  if (std::fflush(tmp.f) != 0 || ::fsync(::fileno(tmp.f)) != 0)
-    usage_error("cannot write '{}': {}", path, std::strerror(errno));
-  int rc = std::fclose(tmp.f);
-  tmp.f = nullptr;
-  if (rc != 0) usage_error("cannot write '{}': {}", path, std::strerror(errno));
-  if (std::rename(tmp.path.c_str(), path.c_str()) != 0)
-    usage_error("cannot rename '{}' to '{}': {}", tmp.path, path, std::strerror(errno));
-  tmp.keep = true;
+}
+
+void AtomicFile::commit() {
+  TRAINER_CHECK(f_ != nullptr && !committed_, "'{}' committed twice", path_);
+  if (std::fflush(f_) != 0 || ::fsync(::fileno(f_)) != 0) fail("write");
+  const int rc = std::fclose(f_);
+  f_ = nullptr;
+  if (rc != 0) fail("write");
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
+    usage_error("cannot rename '{}' to '{}': {}", tmp_, path_, std::strerror(errno));
+  committed_ = true;
   // Make the rename itself durable: fsync the directory that holds the new entry.
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::filesystem::path dir = std::filesystem::path(path_).parent_path();
   if (dir.empty()) dir = ".";
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) usage_error("cannot open directory '{}': {}", dir.string(), std::strerror(errno));
-  int src = ::fsync(dfd);
-  int e = errno;
+  const int src = ::fsync(dfd);
+  const int e = errno;
   ::close(dfd);
   if (src != 0) usage_error("cannot fsync directory '{}': {}", dir.string(), std::strerror(e));
+}
+
+void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces) {
+  AtomicFile f(path);
+  for (const ByteSpan& p : pieces) f.append(p.data, p.size);
+  f.commit();
 }
 
 // ---------------------------------------------------------------------------------------------

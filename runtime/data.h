@@ -46,9 +46,31 @@ struct ByteSpan {
   size_t size = 0;
 };
 
-// Writes the concatenation of `pieces` to `path` atomically: `path.tmp.<pid>`, fflush + fsync,
-// rename over `path`, fsync the directory. A reader sees the old file or the whole new one, never
-// a torn one. I/O errors throw UsageError naming the path and strerror; the temp file is removed.
+// A file written in pieces that appears at `path` only when complete: the bytes go to
+// `path.tmp.<pid>`; commit() fflushes, fsyncs, renames it over `path` and fsyncs the directory, so
+// a reader sees the old file or the whole new one, never a torn one. Destroyed uncommitted (an
+// error on the way), the temp file is removed. I/O errors throw UsageError naming the path and
+// strerror.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void append(const void* data, size_t n);
+  // Overwrites bytes already appended, at `offset` from the start of the file.
+  void overwrite(uint64_t offset, const void* data, size_t n);
+  void commit();
+
+ private:
+  [[noreturn]] void fail(const char* what) const;
+  std::string path_, tmp_;
+  FILE* f_ = nullptr;
+  bool committed_ = false;
+};
+
+// Writes the concatenation of `pieces` to `path` atomically (an AtomicFile).
 void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces);
 
 // ---- token files ----

@@ -72,12 +72,6 @@ uint64_t chunk_hash(const uint8_t* p, size_t n) {
   return h;
 }
 
-uint64_t combine(const std::vector<uint64_t>& chunks, uint64_t total) {
-  uint64_t h = mix64(0x7472616e6572ULL ^ total);
-  for (uint64_t c : chunks) h = mix64(h ^ c) + kP1;
-  return mix64(h);
-}
-
 std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
 
 }  // namespace
@@ -85,37 +79,51 @@ std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
 uint64_t checksum64(const void* data, size_t n) { return checksum64({{data, n}}); }
 
 uint64_t checksum64(const std::vector<ByteSpan>& pieces) {
-  // starts[k] is the offset of piece k in the concatenation.
-  std::vector<uint64_t> starts(pieces.size() + 1, 0);
-  for (size_t k = 0; k < pieces.size(); ++k) starts[k + 1] = starts[k] + pieces[k].size;
-  const uint64_t total = starts.back();
-  const int64_t n_chunks = static_cast<int64_t>((total + kChunk - 1) / kChunk);
-  std::vector<uint64_t> hashes(n_chunks);
-#pragma omp parallel
-  {
-    std::vector<uint8_t> scratch;  // for the few chunks that straddle two pieces
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < n_chunks; ++c) {
-      const uint64_t b = uint64_t(c) * kChunk, e = std::min<uint64_t>(b + kChunk, total);
-      // Piece holding byte b: starts[k] <= b < starts[k + 1] (so it is not empty).
-      size_t k = std::upper_bound(starts.begin(), starts.end(), b) - starts.begin() - 1;
-      const uint8_t* base = static_cast<const uint8_t*>(pieces[k].data);
-      if (e <= starts[k + 1]) {
-        hashes[c] = chunk_hash(base + (b - starts[k]), e - b);
-        continue;
-      }
-      scratch.resize(e - b);
-      for (uint64_t at = b; at < e; ++k) {
-        const uint64_t lo = std::max(at, starts[k]), hi = std::min(e, starts[k + 1]);
-        if (hi <= lo) continue;
-        std::memcpy(scratch.data() + (lo - b),
-                    static_cast<const uint8_t*>(pieces[k].data) + (lo - starts[k]), hi - lo);
-        at = hi;
-      }
-      hashes[c] = chunk_hash(scratch.data(), e - b);
-    }
+  uint64_t total = 0;
+  for (const ByteSpan& p : pieces) total += p.size;
+  Checksum64 h(total);
+  for (const ByteSpan& p : pieces) h.update(p.data, p.size);
+  return h.value();
+}
+
+// The chunk hashes are chained in order (combine's loop), seeded by the total length.
+Checksum64::Checksum64(uint64_t total) : total_(total), h_(mix64(0x7472616e6572ULL ^ total)) {}
+
+void Checksum64::add_chunks(const uint8_t* p, size_t n) {
+  const int64_t chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
+  std::vector<uint64_t> hashes(chunks);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t b = size_t(c) * kChunk;
+    hashes[c] = chunk_hash(p + b, std::min(kChunk, n - b));
   }
-  return combine(hashes, total);
+  for (uint64_t c : hashes) h_ = mix64(h_ ^ c) + kP1;
+}
+
+void Checksum64::update(const void* data, size_t n) {
+  TRAINER_CHECK(seen_ + n <= total_, "checksum fed {} bytes past its total {}", seen_ + n - total_,
+                total_);
+  const auto* p = static_cast<const uint8_t*>(data);
+  seen_ += n;
+  if (!carry_.empty()) {  // finish the started chunk first
+    const size_t take = std::min(n, kChunk - carry_.size());
+    carry_.insert(carry_.end(), p, p + take);
+    p += take;
+    n -= take;
+    if (carry_.size() < kChunk) return;
+    add_chunks(carry_.data(), kChunk);
+    carry_.clear();
+  }
+  const size_t whole = n / kChunk * kChunk;
+  add_chunks(p, whole);
+  carry_.assign(p + whole, p + n);
+}
+
+uint64_t Checksum64::value() {
+  TRAINER_CHECK(seen_ == total_, "checksum fed {} of {} bytes", seen_, total_);
+  if (!carry_.empty()) add_chunks(carry_.data(), carry_.size());
+  carry_.clear();
+  return mix64(h_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -253,7 +261,8 @@ const TensorInfo& SafetensorsReader::info(const std::string& name) const {
 }
 
 void SafetensorsReader::read_f32(const std::string& name,
-                                 const std::vector<int64_t>& expected_shape, float* out) const {
+                                 const std::vector<int64_t>& expected_shape, float* out,
+                                 int64_t first, int64_t count) const {
   const TensorInfo& t = info(name);
   if (t.dtype != "F32")
     usage_error("safetensors file '{}': tensor '{}' has dtype {} (need F32)", path(), name,
@@ -261,7 +270,11 @@ void SafetensorsReader::read_f32(const std::string& name,
   if (t.shape != expected_shape)
     usage_error("safetensors file '{}': tensor '{}' has shape {}, expected {}", path(), name,
                 shape_string(t.shape), shape_string(expected_shape));
-  if (t.end > t.begin) std::memcpy(out, data_ + t.begin, t.end - t.begin);
+  const int64_t n = t.numel();
+  if (count < 0) count = n - first;
+  TRAINER_CHECK(first >= 0 && first + count <= n, "elements [{}, {}) of tensor '{}' of {}", first,
+                first + count, name, n);
+  if (count > 0) std::memcpy(out, data_ + t.begin + first * 4, count * 4);
 }
 
 const void* SafetensorsReader::raw(const std::string& name) const {
@@ -271,21 +284,83 @@ const void* SafetensorsReader::raw(const std::string& name) const {
 // ---------------------------------------------------------------------------------------------
 // Writer
 
+namespace {
+
+// Checks a declaration; returns its size in bytes.
+size_t declared_bytes(const TensorDecl& d) {
+  TRAINER_CHECK(!d.name.empty() && d.name != "__metadata__", "bad tensor name '{}'", d.name);
+  const size_t esize = safetensors_dtype_size(d.dtype);
+  TRAINER_CHECK(esize > 0, "tensor '{}': unknown dtype '{}'", d.name, d.dtype);
+  size_t numel = 1;
+  for (int64_t n : d.shape) {
+    TRAINER_CHECK(n >= 0, "tensor '{}': negative dimension in {}", d.name, shape_string(d.shape));
+    numel *= static_cast<size_t>(n);
+  }
+  return numel * esize;
+}
+
+constexpr const char* kChecksumPlaceholder = "0000000000000000";  // hex64's width
+
+}  // namespace
+
+SafetensorsStream::SafetensorsStream(const std::string& path,
+                                     const std::vector<TensorDecl>& tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), file_(path) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : metadata) {
+    TRAINER_CHECK(k != kChecksumKey, "metadata key '{}' is reserved for the writer", k);
+    meta[k] = v;
+  }
+  meta[kChecksumKey] = kChecksumPlaceholder;
+  header["__metadata__"] = std::move(meta);
+  for (const TensorDecl& d : tensors) {
+    TRAINER_CHECK(!header.contains(d.name), "tensor '{}' added twice", d.name);
+    const uint64_t bytes = declared_bytes(d);
+    header[d.name] = {
+        {"dtype", d.dtype}, {"shape", d.shape}, {"data_offsets", {total_, total_ + bytes}}};
+    total_ += bytes;
+  }
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');  // pad so the data section starts 8-aligned
+  // Where the placeholder sits: the reserved key appears once, with the placeholder as its value.
+  const std::string key = fmt::format("\"{}\":\"", kChecksumKey);
+  checksum_at_ = 8 + text.find(key) + key.size();
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(uint64_t(text.size()) >> (8 * i));
+  file_.append(len, 8);
+  file_.append(text.data(), text.size());
+  hash_ = Checksum64(total_);
+}
+
+void SafetensorsStream::append(const void* data, size_t bytes) {
+  TRAINER_CHECK(written_ + bytes <= total_, "'{}': {} bytes past the declared tensors", path_,
+                written_ + bytes - total_);
+  TRAINER_CHECK(bytes == 0 || data != nullptr, "'{}': null data", path_);
+  hash_.update(data, bytes);
+  file_.append(data, bytes);
+  written_ += bytes;
+}
+
+void SafetensorsStream::commit() {
+  TRAINER_CHECK(written_ == total_, "'{}': {} of the declared {} bytes written", path_, written_,
+                total_);
+  const std::string hex = hex64(hash_.value());
+  file_.overwrite(checksum_at_, hex.data(), hex.size());
+  file_.commit();
+}
+
 void SafetensorsWriter::add(const std::string& name, const std::string& dtype,
                             std::vector<int64_t> shape, const void* data, size_t bytes) {
-  TRAINER_CHECK(!name.empty() && name != "__metadata__", "bad tensor name '{}'", name);
-  for (const Entry& e : entries_) TRAINER_CHECK(e.name != name, "tensor '{}' added twice", name);
-  const size_t esize = safetensors_dtype_size(dtype);
-  TRAINER_CHECK(esize > 0, "tensor '{}': unknown dtype '{}'", name, dtype);
-  size_t numel = 1;
-  for (int64_t d : shape) {
-    TRAINER_CHECK(d >= 0, "tensor '{}': negative dimension in {}", name, shape_string(shape));
-    numel *= static_cast<size_t>(d);
-  }
-  TRAINER_CHECK(bytes == numel * esize, "tensor '{}': {} bytes for shape {} of {}", name, bytes,
-                shape_string(shape), dtype);
+  TensorDecl d{name, dtype, std::move(shape)};
+  const size_t want = declared_bytes(d);
+  for (const TensorDecl& e : decls_) TRAINER_CHECK(e.name != name, "tensor '{}' added twice", name);
+  TRAINER_CHECK(bytes == want, "tensor '{}': {} bytes for shape {} of {}", name, bytes,
+                shape_string(d.shape), dtype);
   TRAINER_CHECK(bytes == 0 || data != nullptr, "tensor '{}': null data", name);
-  entries_.push_back({name, dtype, std::move(shape), data, bytes});
+  decls_.push_back(std::move(d));
+  data_.push_back({data, bytes});
 }
 
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
@@ -294,27 +369,9 @@ void SafetensorsWriter::set_metadata(const std::string& key, const std::string& 
 }
 
 void SafetensorsWriter::write(const std::string& path) const {
-  std::vector<ByteSpan> data;
-  for (const Entry& e : entries_) data.push_back({e.data, e.bytes});
-
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-  for (const auto& [k, v] : metadata_) meta[k] = v;
-  meta[kChecksumKey] = hex64(checksum64(data));
-  header["__metadata__"] = std::move(meta);
-  uint64_t at = 0;
-  for (const Entry& e : entries_) {
-    header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {at, at + e.bytes}}};
-    at += e.bytes;
-  }
-  std::string text = header.dump();
-  text.resize((text.size() + 7) / 8 * 8, ' ');  // pad so the data section starts 8-aligned
-
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(uint64_t(text.size()) >> (8 * i));
-  std::vector<ByteSpan> pieces = {{len, 8}, {text.data(), text.size()}};
-  pieces.insert(pieces.end(), data.begin(), data.end());
-  write_file_atomic(path, pieces);
+  SafetensorsStream s(path, decls_, metadata_);
+  for (const ByteSpan& d : data_) s.append(d.data, d.size);
+  s.commit();
 }
 
 }  // namespace trainer

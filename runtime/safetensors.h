@@ -31,6 +31,21 @@ uint64_t checksum64(const void* data, size_t n);
 // The same value over the concatenation of `pieces`, without concatenating them.
 uint64_t checksum64(const std::vector<ByteSpan>& pieces);
 
+// checksum64 fed in order, in pieces of any size: the total length must be known up front (it
+// seeds the hash). Full 1 MiB chunks are hashed as they arrive (in parallel within a piece).
+class Checksum64 {
+ public:
+  explicit Checksum64(uint64_t total);
+  void update(const void* data, size_t n);
+  // After exactly `total` bytes.
+  uint64_t value();
+
+ private:
+  void add_chunks(const uint8_t* p, size_t n);  // whole chunks, or the final short one
+  uint64_t total_, seen_ = 0, h_;
+  std::vector<uint8_t> carry_;  // a started chunk
+};
+
 struct TensorInfo {
   std::string name, dtype;
   std::vector<int64_t> shape;
@@ -51,9 +66,10 @@ class SafetensorsReader {
   // Tensor names in data-section order.
   std::vector<std::string> names() const { return order_; }
   // Copies an F32 tensor of exactly `expected_shape` into out[numel]; a different dtype or shape
-  // throws UsageError naming the file, the tensor, the expected and the found shape.
-  void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape,
-                float* out) const;
+  // throws UsageError naming the file, the tensor, the expected and the found shape. With
+  // `count` >= 0, copies only elements [first, first + count) (the checks are the same).
+  void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* out,
+                int64_t first = 0, int64_t count = -1) const;
   // The tensor's bytes inside the mapping (valid while the reader lives). Alignment is whatever
   // the writer chose: copy with memcpy rather than casting for foreign files.
   const void* raw(const std::string& name) const;
@@ -69,6 +85,35 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
+// A tensor as the header declares it.
+struct TensorDecl {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+};
+
+// A safetensors file written tensor by tensor, without holding the tensors in memory: the header
+// goes first with a placeholder for "trainer.checksum" of the same width, then the data section;
+// commit() writes the real checksum into the header and moves the file into place atomically
+// (an AtomicFile: destroyed before commit(), nothing appears at `path`).
+class SafetensorsStream {
+ public:
+  // Validates the declarations (names unique and not "__metadata__", known dtypes, dimensions
+  // >= 0; a RuntimeError otherwise) and writes the header.
+  SafetensorsStream(const std::string& path, const std::vector<TensorDecl>& tensors,
+                    const std::map<std::string, std::string>& metadata);
+  // The next bytes of the data section: the tensors back to back in declaration order, in
+  // pieces of any size.
+  void append(const void* data, size_t bytes);
+  // After exactly the declared bytes.
+  void commit();
+
+ private:
+  std::string path_;
+  AtomicFile file_;
+  uint64_t total_ = 0, written_ = 0, checksum_at_ = 0;
+  Checksum64 hash_{0};
+};
+
 class SafetensorsWriter {
  public:
   // `data` (bytes long, = numel * dtype size) must stay alive until write(). Tensors are written
@@ -77,17 +122,12 @@ class SafetensorsWriter {
            const void* data, size_t bytes);
   void set_metadata(const std::string& key, const std::string& value);
   // Atomic (temp file, fsync, rename, fsync dir); adds "trainer.checksum". I/O errors throw
-  // UsageError naming the path and strerror.
+  // UsageError naming the path and strerror. (A SafetensorsStream of the added tensors.)
   void write(const std::string& path) const;
 
  private:
-  struct Entry {
-    std::string name, dtype;
-    std::vector<int64_t> shape;
-    const void* data;
-    size_t bytes;
-  };
-  std::vector<Entry> entries_;
+  std::vector<TensorDecl> decls_;
+  std::vector<ByteSpan> data_;
   std::map<std::string, std::string> metadata_;
 };
 

@@ -146,7 +146,8 @@ class Run {
   void forward_backward(int64_t step, bool backward, bool reduce);
   void optimizer_step(int64_t s, double& grad_norm);
   double evaluate();
-  std::vector<float> gather_state(BufferView owned);  // whole flat buffer on rank 0
+  // A checkpoint source for a state of the owned range (gathered to rank 0 with ZeRO-1).
+  TensorSource state_source(BufferView owned);
   void save(int64_t step_done, bool final);
   void log_step(int64_t s, double loss, double norm, const std::vector<PhaseTimes>& ranks);
   void report_timing(const std::vector<std::vector<PhaseTimes>>& rank_times, int64_t skip);
@@ -392,13 +393,15 @@ void Run::init_state() {
   std::optional<CheckpointMeta> meta;
   agree_on_usage_errors(world_, [&] {
     if (!o_.resume.empty()) {
-      std::vector<float> m(flat_, 0.0f), v(flat_, 0.0f);
-      meta = load_checkpoint(o_.resume, layout_, o_.config, params.data(), m.data(), v.data());
+      // The moments of this rank's range only (a quarter of them on 4 ZeRO-1 ranks).
+      std::vector<float> m(owned_.size(), 0.0f), v(owned_.size(), 0.0f);
+      meta =
+          load_checkpoint(o_.resume, layout_, o_.config, params.data(), m.data(), v.data(), owned_);
       if (meta->step >= o_.steps)
         usage_error("checkpoint {} is at step {} but --steps is {}: nothing left to train",
                     o_.resume, meta->step, o_.steps);
-      copy(opt_->exp_avg(), host_view(m).slice(owned_.begin, owned_.size()));
-      copy(opt_->exp_avg_sq(), host_view(v).slice(owned_.begin, owned_.size()));
+      copy(opt_->exp_avg(), host_view(m));
+      copy(opt_->exp_avg_sq(), host_view(v));
       start_step_ = meta->step;
       const int64_t saved_g = meta->run.value("global_batch", int64_t{0});
       if (rank_ == 0 && saved_g != G_)
@@ -589,36 +592,44 @@ double Run::evaluate() {
   return world_.sum(sum) / static_cast<double>(nranks_ * o_.eval_batches * o_.grad_accum);
 }
 
-std::vector<float> Run::gather_state(BufferView owned) {
-  std::vector<float> mine(owned.count);
-  copy(host_view(mine), owned);
-  if (!shards_ || nranks_ == 1) return mine;
-  std::vector<float> all(rank_ == 0 ? flat_ : 0);
-  world_.gather_to_root(mine.data(), owned.count, all.data());
-  return all;
+TensorSource Run::state_source(BufferView owned) {
+  return [this, owned](const ParamTensor& t, float* out) {
+    // This rank's part of the tensor (all of it unless sharded), from device or host memory.
+    const Range mine = t.range().intersect(owned_);
+    if (!shards_ || nranks_ == 1) {
+      if (out)
+        copy(BufferView{out, t.numel, DType::kF32, DeviceKind::kCpu},
+             owned.slice(mine.begin - owned_.begin, mine.size()));
+      return;
+    }
+    std::vector<float> piece(mine.size());
+    if (!mine.empty()) copy(host_view(piece), owned.slice(mine.begin - owned_.begin, mine.size()));
+    // Shards are consecutive in rank order, so the parts arrive in the tensor's order.
+    world_.gather_to_root(piece.data(), mine.size(), out);
+  };
 }
 
 void Run::save(int64_t step_done, bool final) {
   if (o_.out.empty()) return;
-  std::vector<float> p = gather_state(opt_->master());
-  std::vector<float> m = gather_state(opt_->exp_avg());
-  std::vector<float> v = gather_state(opt_->exp_avg_sq());
-  if (rank_ == 0) {
-    CheckpointMeta meta;
-    meta.step = step_done;
-    meta.config = config_to_json(o_.config);
-    meta.run = {{"global_batch", G_}, {"ctx", o_.config.ctx}, {"sampler", o_.sampler},
-                {"seed", o_.seed},    {"world", nranks_},     {"shard_optim", o_.shard_optim},
-                {"lr", o_.lr},        {"min_lr", o_.min_lr},  {"warmup", o_.warmup},
-                {"steps", o_.steps},  {"data", o_.data}};
-    const std::string dir = (fs::path(o_.out) / fmt::format("step_{}", step_done)).string();
-    save_checkpoint(dir, layout_, p.data(), m.data(), v.data(), meta);
-    spdlog::info("checkpoint written: {}", dir);
-    if (final) {
-      const std::string path = (fs::path(o_.out) / "model.safetensors").string();
-      save_model(path, layout_, p.data(), {{"step", std::to_string(step_done)}});
-      spdlog::info("final weights: {}", path);
-    }
+  // Tensor by tensor: rank 0 holds one tensor of one state at a time, never the whole model.
+  const TensorSource params = state_source(opt_->master());
+  const TensorSource exp_avg = state_source(opt_->exp_avg());
+  const TensorSource exp_avg_sq = state_source(opt_->exp_avg_sq());
+  const bool write = rank_ == 0;
+  CheckpointMeta meta;
+  meta.step = step_done;
+  meta.config = config_to_json(o_.config);
+  meta.run = {{"global_batch", G_}, {"ctx", o_.config.ctx}, {"sampler", o_.sampler},
+              {"seed", o_.seed},    {"world", nranks_},     {"shard_optim", o_.shard_optim},
+              {"lr", o_.lr},        {"min_lr", o_.min_lr},  {"warmup", o_.warmup},
+              {"steps", o_.steps},  {"data", o_.data}};
+  const std::string dir = (fs::path(o_.out) / fmt::format("step_{}", step_done)).string();
+  save_checkpoint(dir, layout_, params, exp_avg, exp_avg_sq, meta, write);
+  if (write) spdlog::info("checkpoint written: {}", dir);
+  if (final) {
+    const std::string path = (fs::path(o_.out) / "model.safetensors").string();
+    save_model(path, layout_, params, {{"step", std::to_string(step_done)}}, write);
+    if (write) spdlog::info("final weights: {}", path);
   }
   world_.barrier();
 }
@@ -745,9 +756,10 @@ TrainResult Run::execute(bool keep_params) {
   }
   write_trace();
   if (keep_params) {
-    result.params.resize(flat_);
-    std::vector<float> master = gather_state(opt_->master());
-    if (rank_ == 0) result.params = master;
+    result.params.assign(flat_, 0.0f);  // padding stays zero, as in the master weights
+    const TensorSource master = state_source(opt_->master());
+    for (const ParamTensor& t : layout_.tensors())
+      master(t, rank_ == 0 ? result.params.data() + t.offset : nullptr);
     world_.broadcast(host_view(result.params), 0)->wait();
   }
   return result;

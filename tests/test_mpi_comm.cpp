@@ -72,6 +72,15 @@ TEST_CASE("all_reduce, reduce_scatter, all_gather, broadcast") {
   comm.gather_to_root(mine3.data(), 3, g.data());
   if (r == 0)
     for (int k = 0; k < w; ++k) REQUIRE(g[3 * k + 1] == static_cast<float>(k) + 0.5f);
+  // Different counts per rank (rank k sends k floats, rank 0 none), back to back in rank order.
+  std::vector<float> mine_k(r, static_cast<float>(r));
+  std::vector<float> all_k(w * (w - 1) / 2, -1.0f);
+  comm.gather_to_root(mine_k.data(), r, all_k.data());
+  if (r == 0) {
+    size_t at = 0;
+    for (int k = 1; k < w; ++k)
+      for (int i = 0; i < k; ++i) REQUIRE(all_k[at++] == static_cast<float>(k));
+  }
   REQUIRE(local_rank_of(MPI_COMM_WORLD) == r);  // one node
 }
 

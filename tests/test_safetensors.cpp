@@ -124,6 +124,13 @@ TEST_CASE("round trip is bit-exact for several dtypes, shapes and metadata") {
   r.read_f32("big", {300, 1000}, big_back.data());
   REQUIRE(std::memcmp(big_back.data(), big.data(), big.size() * 4) == 0);
   r.read_f32("empty", {0, 5}, nullptr);
+  // A part of a tensor (a ZeRO-1 shard's share): elements [123456, 123456 + 1000) of "big".
+  std::vector<float> part(1000, -1.0f);
+  r.read_f32("big", {300, 1000}, part.data(), 123456, 1000);
+  REQUIRE(std::memcmp(part.data(), big.data() + 123456, 4000) == 0);
+  r.read_f32("big", {300, 1000}, nullptr, 0, 0);  // nothing to copy, the checks still run
+  REQUIRE_THROWS_AS(r.read_f32("big", {300, 1000}, part.data(), 299500, 1000), RuntimeError);
+  REQUIRE_THROWS_AS(r.read_f32("big", {300, 999}, nullptr, 0, 0), UsageError);
   REQUIRE(std::memcmp(r.raw("bf"), bf16.data(), 10) == 0);
   REQUIRE(std::memcmp(r.raw("step"), steps.data(), 32) == 0);
   REQUIRE(*static_cast<const uint8_t*>(r.raw("flag")) == 1);
@@ -327,4 +334,52 @@ TEST_CASE("writes are atomic replacements; failures name the path; misuse is cau
   REQUIRE_THROWS_AS(wr.add("c", "F32", {5}, a.data(), 16), RuntimeError);  // size mismatch
   REQUIRE_THROWS_AS(wr.add("d", "F17", {4}, a.data(), 16), RuntimeError);  // unknown dtype
   REQUIRE_THROWS_AS(wr.set_metadata(kChecksumKey, "0"), RuntimeError);
+}
+
+TEST_CASE("a stream writes, in pieces of any size, the bytes the writer writes") {
+  TempDir dir;
+  std::vector<float> a(300000), b(7);  // `a` spans a 1 MiB checksum chunk boundary
+  for (size_t i = 0; i < a.size(); ++i) a[i] = std::cos(float(i));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = float(i) - 3.5f;
+  const std::map<std::string, std::string> meta = {{"step", "5"}};
+
+  SafetensorsWriter wr;
+  wr.add("a", "F32", {300, 1000}, a.data(), a.size() * 4);
+  wr.add("b", "F32", {7}, b.data(), b.size() * 4);
+  wr.set_metadata("step", "5");
+  wr.write(dir.file("whole.safetensors"));
+
+  // The bytes of both tensors in pieces that ignore tensor boundaries.
+  std::vector<uint8_t> bytes(a.size() * 4 + b.size() * 4);
+  std::memcpy(bytes.data(), a.data(), a.size() * 4);
+  std::memcpy(bytes.data() + a.size() * 4, b.data(), b.size() * 4);
+  const std::vector<TensorDecl> decls = {{"a", "F32", {300, 1000}}, {"b", "F32", {7}}};
+  {
+    SafetensorsStream s(dir.file("streamed.safetensors"), decls, meta);
+    for (size_t at = 0, k = 1; at < bytes.size(); k = k * 7 % 1000003) {
+      const size_t n = std::min(bytes.size() - at, k);
+      s.append(bytes.data() + at, n);
+      at += n;
+    }
+    REQUIRE_THROWS_AS(s.append(bytes.data(), 1), RuntimeError);  // past the declared bytes
+    s.commit();
+  }
+  REQUIRE(read_all(dir.file("streamed.safetensors")) == read_all(dir.file("whole.safetensors")));
+  const SafetensorsReader r = SafetensorsReader::open(dir.file("streamed.safetensors"));
+  REQUIRE(r.metadata().at("step") == "5");
+
+  // Dropped before commit (an error on the way): nothing appears, no temp file stays.
+  {
+    SafetensorsStream s(dir.file("dropped.safetensors"), decls, meta);
+    s.append(bytes.data(), 100);
+    REQUIRE_THROWS_AS(s.commit(), RuntimeError);  // 100 of the declared bytes
+  }
+  REQUIRE(std::distance(std::filesystem::directory_iterator(dir.path),
+                        std::filesystem::directory_iterator()) == 2);
+
+  // The streaming checksum refuses to be fed past its total or read before it.
+  Checksum64 h(10);
+  h.update(bytes.data(), 4);
+  REQUIRE_THROWS_AS(h.value(), RuntimeError);
+  REQUIRE_THROWS_AS(h.update(bytes.data(), 7), RuntimeError);
 }
