@@ -51,8 +51,6 @@ class Communicator {
 // Waits for every handle in the list and clears it.
 void wait_all(std::vector<CommHandle>& handles);
 
-// Consecutive segments of counts[0], counts[1], ... elements from the start of a buffer.
-std::vector<Range> consecutive_segments(const std::vector<int64_t>& counts);
 // Checks that all_gather's segments are `world` disjoint ranges inside a buffer of `count`.
 void check_segments(const std::vector<Range>& segments, int world, int64_t count);
 

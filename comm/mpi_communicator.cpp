@@ -255,16 +255,6 @@ void wait_all(std::vector<CommHandle>& handles) {
   handles.clear();
 }
 
-std::vector<Range> consecutive_segments(const std::vector<int64_t>& counts) {
-  std::vector<Range> out;
-  int64_t at = 0;
-  for (int64_t c : counts) {
-    out.push_back({at, at + c});
-    at += c;
-  }
-  return out;
-}
-
 void check_segments(const std::vector<Range>& segments, int world, int64_t count) {
   TRAINER_CHECK(static_cast<int>(segments.size()) == world, "{} all_gather segments for world {}",
                 segments.size(), world);

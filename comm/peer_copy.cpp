@@ -152,8 +152,8 @@ PeerCopy::PeerCopy(const MpiCommunicator& boot, BufferView buf, int device, int 
   const Exchange& theirs = both[1 - boot.rank()];
   agree_on_usage_errors(boot, [&] {
     if (theirs.bytes != m.bytes)
-      usage_error("--grad-transport ce: gradient buffers differ in size ({} vs {} bytes)", m.bytes,
-                  theirs.bytes);
+      usage_error("--grad-transport ce: the ranks' buffers differ in size ({} vs {} bytes)",
+                  m.bytes, theirs.bytes);
     void* p = nullptr;
     cudaError_t e = cudaIpcOpenMemHandle(&p, theirs.buffer, cudaIpcMemLazyEnablePeerAccess);
     if (e == cudaSuccess) {
@@ -169,8 +169,8 @@ PeerCopy::PeerCopy(const MpiCommunicator& boot, BufferView buf, int device, int 
           device, cudaGetErrorString(e));
     }
   });
-  spdlog::debug("peer copies: {:.1f} MiB of gradients mapped from the peer GPU",
-                m.bytes / 1048576.0);
+  spdlog::debug("peer copies: {:.1f} MiB ({}) mapped from the peer GPU", m.bytes / 1048576.0,
+                dtype_name(m.dtype));
 }
 
 PeerCopy::~PeerCopy() = default;

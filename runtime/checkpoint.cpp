@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -18,12 +19,17 @@ namespace {
 
 constexpr const char* kFormat = "trainer-checkpoint-v1";
 
-// Streams the named tensors of each state into one file, tensor by tensor in SPEC order (with
-// prefixes[k] before the names of states[k]). Runs the sources on every rank; writes only with
-// `write`.
-void stream_tensors(const std::string& path, const ParamLayout& L,
+// A file the tensors stream into, with its metadata.
+struct Output {
+  std::string path;
+  std::map<std::string, std::string> metadata;
+};
+
+// Streams the named tensors of each state into every output, tensor by tensor in SPEC order (with
+// the state's prefix before the names). Runs the sources on every rank; writes only with `write`.
+void stream_tensors(const std::vector<Output>& outputs, const ParamLayout& L,
                     const std::vector<std::pair<std::string, const TensorSource*>>& states,
-                    const std::map<std::string, std::string>& metadata, bool write) {
+                    bool write) {
   std::vector<TensorDecl> decls;
   int64_t largest = 0;
   for (const auto& [prefix, source] : states)
@@ -31,18 +37,27 @@ void stream_tensors(const std::string& path, const ParamLayout& L,
       decls.push_back({prefix + t->name, "F32", t->shape});
       largest = std::max(largest, t->numel);
     }
-  std::optional<SafetensorsStream> file;
+  std::deque<SafetensorsStream> files;  // not movable: a deque builds them in place
   std::vector<float> buf;
   if (write) {
-    file.emplace(path, decls, metadata);
+    for (const Output& o : outputs) files.emplace_back(o.path, decls, o.metadata);
     buf.resize(largest);
   }
   for (const auto& [prefix, source] : states)
     for (const ParamTensor* t : L.spec_order()) {
       (*source)(*t, write ? buf.data() : nullptr);
-      if (write) file->append(buf.data(), t->numel * sizeof(float));
+      for (SafetensorsStream& f : files) f.append(buf.data(), t->numel * sizeof(float));
     }
-  if (write) file->commit();
+  for (SafetensorsStream& f : files) f.commit();
+}
+
+// model.safetensors' metadata: "format": "pt" is what safetensors.torch writes (harmless for other
+// readers), then the caller's entries.
+std::map<std::string, std::string> model_metadata(const nlohmann::json& meta) {
+  std::map<std::string, std::string> md = {{"format", "pt"}};
+  for (auto it = meta.begin(); it != meta.end(); ++it)
+    md[it.key()] = it->is_string() ? it->get<std::string>() : it->dump();
+  return md;
 }
 
 TensorSource flat_source(const float* flat) {
@@ -81,18 +96,10 @@ ModelConfig config_from_json(const nlohmann::json& j) {
   return c;
 }
 
-void save_model(const std::string& path, const ParamLayout& L, const TensorSource& params,
-                const nlohmann::json& meta, bool write) {
-  // "format": "pt" is what safetensors.torch writes; harmless for other readers.
-  std::map<std::string, std::string> md = {{"format", "pt"}};
-  for (auto it = meta.begin(); it != meta.end(); ++it)
-    md[it.key()] = it->is_string() ? it->get<std::string>() : it->dump();
-  stream_tensors(path, L, {{"", &params}}, md, write);
-}
-
 void save_model(const std::string& path, const ParamLayout& L, const float* flat,
                 const nlohmann::json& meta) {
-  save_model(path, L, flat_source(flat), meta);
+  const TensorSource params = flat_source(flat);
+  stream_tensors({{path, model_metadata(meta)}}, L, {{"", &params}}, true);
 }
 
 void load_model(const std::string& path, const ParamLayout& L, float* flat) {
@@ -101,7 +108,7 @@ void load_model(const std::string& path, const ParamLayout& L, float* flat) {
 
 void save_checkpoint(const std::string& dir, const ParamLayout& L, const TensorSource& params,
                      const TensorSource& exp_avg, const TensorSource& exp_avg_sq,
-                     const CheckpointMeta& meta, bool write) {
+                     const CheckpointMeta& meta, bool write, const std::string& final_weights) {
   const fs::path final_dir(dir);
   const fs::path tmp_dir = final_dir.string() + ".tmp-" + std::to_string(::getpid());
   std::error_code ec;
@@ -110,14 +117,16 @@ void save_checkpoint(const std::string& dir, const ParamLayout& L, const TensorS
     if (!fs::create_directories(tmp_dir, ec) && ec)
       usage_error("cannot create checkpoint directory {}: {}", tmp_dir.string(), ec.message());
   }
-  save_model((tmp_dir / "model.safetensors").string(), L, params, {}, write);
-  stream_tensors((tmp_dir / "optimizer.safetensors").string(), L,
-                 {{"exp_avg.", &exp_avg}, {"exp_avg_sq.", &exp_avg_sq}},
-                 {{"format", kFormat},
-                  {"step", std::to_string(meta.step)},
-                  {"config", meta.config.dump()},
-                  {"run", meta.run.dump()}},
-                 write);
+  std::vector<Output> weights = {{(tmp_dir / "model.safetensors").string(), model_metadata({})}};
+  if (!final_weights.empty())
+    weights.push_back({final_weights, model_metadata({{"step", std::to_string(meta.step)}})});
+  stream_tensors(weights, L, {{"", &params}}, write);
+  stream_tensors({{(tmp_dir / "optimizer.safetensors").string(),
+                   {{"format", kFormat},
+                    {"step", std::to_string(meta.step)},
+                    {"config", meta.config.dump()},
+                    {"run", meta.run.dump()}}}},
+                 L, {{"exp_avg.", &exp_avg}, {"exp_avg_sq.", &exp_avg_sq}}, write);
   if (!write) return;
 
   // Swap the complete directory into place; an older one of the same name is removed after.

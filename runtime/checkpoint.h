@@ -25,10 +25,7 @@ namespace trainer {
 // buffer (the others get out == nullptr and touch no file).
 using TensorSource = std::function<void(const ParamTensor& t, float* out)>;
 
-// Writes model.safetensors at `path` (atomic).
-void save_model(const std::string& path, const ParamLayout& L, const TensorSource& params,
-                const nlohmann::json& meta = {}, bool write = true);
-// The same from a flat fp32 buffer.
+// Writes model.safetensors at `path` (atomic) from a flat fp32 buffer.
 void save_model(const std::string& path, const ParamLayout& L, const float* flat,
                 const nlohmann::json& meta = {});
 // Reads model.safetensors into a flat fp32 buffer (padding left untouched). Missing tensors,
@@ -45,10 +42,12 @@ nlohmann::json config_to_json(const ModelConfig& c);
 ModelConfig config_from_json(const nlohmann::json& j);
 
 // Writes DIR (e.g. out/step_100) with model.safetensors and optimizer.safetensors, atomically
-// (see TensorSource for `write`).
+// (see TensorSource for `write`). With `final_weights`, the weights also go to that path (a
+// model.safetensors whose metadata holds the step), from the same pass over the tensors.
 void save_checkpoint(const std::string& dir, const ParamLayout& L, const TensorSource& params,
                      const TensorSource& exp_avg, const TensorSource& exp_avg_sq,
-                     const CheckpointMeta& meta, bool write = true);
+                     const CheckpointMeta& meta, bool write = true,
+                     const std::string& final_weights = "");
 // The same from flat fp32 buffers.
 void save_checkpoint(const std::string& dir, const ParamLayout& L, const float* params,
                      const float* exp_avg, const float* exp_avg_sq, const CheckpointMeta& meta);

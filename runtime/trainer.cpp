@@ -195,11 +195,11 @@ void Run::setup() {
   // NCCL refuses two ranks on one GPU, so compare the GPUs' UUIDs first and say so plainly.
   const NodeRanks node = node_ranks_of(world_.comm());
   const int gpus = cuda_device_count();
+  const int gpu = node.rank % std::max(1, gpus);  // this rank's device index
   std::string shared_gpu;
   if (nranks_ > 1) {  // the same on every rank: a collective
     const bool on_gpu = device_ == DeviceKind::kCuda && gpus > 0;
-    const auto uuids =
-        world_.gather_strings_to_root(on_gpu ? cuda_device_uuid(node.rank % gpus) : "");
+    const auto uuids = world_.gather_strings_to_root(on_gpu ? cuda_device_uuid(gpu) : "");
     for (size_t i = 0; i < uuids.size() && shared_gpu.empty(); ++i)
       for (size_t j = i + 1; j < uuids.size() && shared_gpu.empty(); ++j)
         if (!uuids[i].empty() && uuids[i] == uuids[j])
@@ -286,7 +286,7 @@ void Run::setup() {
   ro.precision = precision_;
   ro.attention = o_.attention;
   if (device_ == DeviceKind::kCuda) {
-    ro.device_index = node.rank % std::max(1, gpus);
+    ro.device_index = gpu;
     // Only strategies that run collectives during backward share the SMs with it.
     if (nranks_ > 1 && (strategy == SyncStrategy::kBucketed || strategy == SyncStrategy::kOverlap))
       ro.comm_sms = o_.comm_sms;
@@ -624,13 +624,10 @@ void Run::save(int64_t step_done, bool final) {
               {"lr", o_.lr},        {"min_lr", o_.min_lr},  {"warmup", o_.warmup},
               {"steps", o_.steps},  {"data", o_.data}};
   const std::string dir = (fs::path(o_.out) / fmt::format("step_{}", step_done)).string();
-  save_checkpoint(dir, layout_, params, exp_avg, exp_avg_sq, meta, write);
+  const std::string weights = final ? (fs::path(o_.out) / "model.safetensors").string() : "";
+  save_checkpoint(dir, layout_, params, exp_avg, exp_avg_sq, meta, write, weights);
   if (write) spdlog::info("checkpoint written: {}", dir);
-  if (final) {
-    const std::string path = (fs::path(o_.out) / "model.safetensors").string();
-    save_model(path, layout_, params, {{"step", std::to_string(step_done)}}, write);
-    if (write) spdlog::info("final weights: {}", path);
-  }
+  if (write && final) spdlog::info("final weights: {}", weights);
   world_.barrier();
 }
 

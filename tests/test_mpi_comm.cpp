@@ -12,6 +12,17 @@ namespace {
 BufferView view(std::vector<float>& v) {
   return {v.data(), static_cast<int64_t>(v.size()), DType::kF32, DeviceKind::kCpu};
 }
+
+// Segments of counts[0], counts[1], ... elements, side by side from the start of a buffer.
+std::vector<Range> consecutive_segments(const std::vector<int64_t>& counts) {
+  std::vector<Range> out;
+  int64_t at = 0;
+  for (int64_t c : counts) {
+    out.push_back({at, at + c});
+    at += c;
+  }
+  return out;
+}
 }  // namespace
 
 TEST_CASE("all_reduce, reduce_scatter, all_gather, broadcast") {
