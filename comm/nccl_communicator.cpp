@@ -348,9 +348,17 @@ void NcclCommunicator::set_origin(void* e) { impl_->origin = static_cast<cudaEve
 
 std::vector<CollectiveRecord> NcclCommunicator::take_records() {
   Impl& m = *impl_;
+  // The collectives that have finished, a prefix (the comm stream is FIFO). Those still running
+  // (ZeRO-1's all-gathers overlap the next forward) keep their events for the next call.
+  size_t done = 0;
+  for (; done < m.records.size(); ++done) {
+    const cudaError_t q = cudaEventQuery(m.event(m.records[done].stop));
+    if (q == cudaErrorNotReady) break;
+    CUDA_CHECK(q);
+  }
   std::vector<CollectiveRecord> out;
-  if (!m.records.empty()) CUDA_CHECK(cudaEventSynchronize(m.event(m.records.back().stop)));
-  for (const auto& r : m.records) {
+  for (size_t i = 0; i < done; ++i) {
+    const auto& r = m.records[i];
     CollectiveRecord c;
     c.name = r.name;
     float a = 0, b = 0;
@@ -364,12 +372,30 @@ std::vector<CollectiveRecord> NcclCommunicator::take_records() {
     c.end_ms = b;
     out.push_back(std::move(c));
   }
+  // Every other event may be recorded again: the kept records' events move to the front of the
+  // pool. (An event a comm-stream wait was enqueued on may be re-recorded: the wait is bound to
+  // the record it saw.)
+  std::vector<Impl::Pending> kept(m.records.begin() + static_cast<std::ptrdiff_t>(done),
+                                  m.records.end());
+  std::vector<cudaEvent_t> pool;
+  std::vector<bool> moved(m.pool.size(), false);
+  for (auto& r : kept)
+    for (size_t* i : {&r.start, &r.stop}) {
+      pool.push_back(m.pool[*i]);
+      moved[*i] = true;
+      *i = pool.size() - 1;
+    }
+  m.used = pool.size();
+  for (size_t i = 0; i < m.pool.size(); ++i)
+    if (!moved[i]) pool.push_back(m.pool[i]);
+  m.pool = std::move(pool);
+  m.records = std::move(kept);
   {
+    // The watchdog must not see a finished collective's event once it is recorded again; the
+    // kept collectives are the newest entries, and still in flight.
     std::lock_guard<std::mutex> lock(m.mu);
-    m.in_flight.clear();  // all finished (synchronised above)
+    while (m.in_flight.size() > m.records.size()) m.in_flight.pop_front();
   }
-  m.records.clear();
-  m.used = 0;
   return out;
 }
 

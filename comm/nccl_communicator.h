@@ -56,7 +56,8 @@ class NcclCommunicator : public Communicator {
 
   // Sets the event every time is measured from (recorded by the caller on the compute stream).
   void set_origin(void* cuda_event);
-  // The collectives launched since the last call, with their times; waits for them to finish.
+  // The collectives that finished since the last call, in launch order, with their times. Does
+  // not wait: one still running (an all-gather overlapping forward) comes with a later call.
   std::vector<CollectiveRecord> take_records();
 
  private:

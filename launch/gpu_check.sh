@@ -27,8 +27,7 @@ for t in test_optim_gpu test_cuda_kernels test_cuda_model test_flash_attention; 
 done
 ngpu=$(nvidia-smi -L | wc -l)
 if [[ $ngpu -ge 2 ]]; then
-  check test_distributed_gpu_np2 200 mpirun --oversubscribe -np 2 \
-    "$build/tests/test_distributed_gpu" "[equivalence]"
+  check test_distributed_gpu_np2 300 mpirun --oversubscribe -np 2 "$build/tests/test_distributed_gpu"
   python3 -c "import numpy as np; np.save('/tmp/tok.npy', np.random.default_rng(0).integers(0, 256, 200000).astype('<u2'))"
   check gpu_failures 120 bash "$(dirname "$0")/../tests/gpu_failures.sh" "$build" /tmp/tok.npy
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On a 4-GPU machine with a prebuilt tree: the 4-rank GPU equivalence tests, the headline command
-# (xl 4x512, --ddp bucketed --shard-optim, 50 steps) and weak scaling 1 -> 2 -> 4 with a bucket
-# sweep (launch/plans/scaling.txt, or PLAN=FILE).
+# On a 4-GPU machine with a prebuilt tree: the 4-rank GPU equivalence and resume tests, the
+# headline command (xl 4x512, --ddp bucketed --shard-optim, 50 steps) and weak scaling 1 -> 2 -> 4
+# with a bucket sweep (launch/plans/scaling.txt, or PLAN=FILE).
 #   launch/gpu_x4.sh BUILD_DIR OUT_DIR
 set -uo pipefail
 build=${1:?usage: gpu_x4.sh BUILD_DIR OUT_DIR}
@@ -12,9 +12,9 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENAB
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 if ldd "$build/trainer" | grep "not found"; then echo "missing libraries"; exit 1; fi
-echo "== 4-rank GPU equivalence"
-timeout 300 mpirun --oversubscribe --bind-to none -np 4 "$build/tests/test_distributed_gpu" \
-  "[equivalence]" > "$out/equivalence_np4.log" 2>&1
+echo "== 4-rank GPU equivalence and resume"
+timeout 400 mpirun --oversubscribe --bind-to none -np 4 "$build/tests/test_distributed_gpu" \
+  > "$out/equivalence_np4.log" 2>&1
 echo "exit $?: $(grep -E 'test cases' "$out/equivalence_np4.log" | tail -1)"
 echo "== headline: 4 GPUs, xl 4x512, --ddp bucketed --shard-optim, 50 steps"
 mpirun --oversubscribe --bind-to none -np 4 "$build/trainer" --benchmark --device cuda --model xl \

@@ -73,6 +73,14 @@ int ParamLayout::index_of(std::string_view name) const {
   usage_error("no parameter named '{}' in this model", name);
 }
 
+int64_t ParamLayout::block_offset(int layer) const {
+  int64_t lowest = -1;
+  for (const ParamTensor& t : tensors_)
+    if (t.layer == layer && (lowest < 0 || t.offset < lowest)) lowest = t.offset;
+  TRAINER_CHECK(lowest >= 0, "no block {} in the layout", layer);
+  return lowest;
+}
+
 int64_t ParamLayout::padded_total(int world) const {
   TRAINER_CHECK(world >= 1, "world {}", world);
   return align_up(total_, kAlignElems * world);

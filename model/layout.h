@@ -46,6 +46,9 @@ class ParamLayout {
     offset = tensors_[index].offset;
   }
 
+  // The lowest offset of block `layer`'s tensors: what forward announces before the block.
+  int64_t block_offset(int layer) const;
+
   // Elements including alignment padding; multiples of kAlignElems.
   int64_t total() const { return total_; }
   // Total rounded up so that `world` equal shards of whole alignment units cover it.

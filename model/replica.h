@@ -18,6 +18,11 @@ namespace trainer {
 // Called by backward as the gradient of tensor `index` (into ParamLayout::tensors()) becomes
 // final; indices arrive in increasing order, so tensors [0, index] are then all final.
 using GradReadyFn = std::function<void(int index)>;
+// Called by forward before it first reads the parameters at flat-buffer offsets >= `offset`.
+// Forward runs from the embedding (last in the buffer) to lm_head (offset 0), so offsets arrive in
+// decreasing order, once per block and once each for the embedding and the head: everything from
+// `offset` to the end must then be current. (ZeRO-1 lets its all-gathers finish meanwhile.)
+using ParamsNeededFn = std::function<void(int64_t offset)>;
 
 enum class Precision { kFp32, kTf32, kBf16 };
 
@@ -52,8 +57,9 @@ class Replica {
   virtual BufferView grads() = 0;
 
   // Forward of one micro-batch; keeps what backward needs. The token losses are summed on the
-  // device (no host synchronisation); take_loss() reads them.
-  virtual void forward(const MicroBatch& mb) = 0;
+  // device (no host synchronisation); take_loss() reads them. `need` (may be empty) is told before
+  // each part of the parameters is first read.
+  virtual void forward(const MicroBatch& mb, const ParamsNeededFn& need = {}) = 0;
   // Mean token loss over every micro-batch forwarded since the last call; waits for the device.
   virtual float take_loss() = 0;
   // Backward of the last forward: grads += scale * d(sum of this micro-batch's token losses)/dp.

@@ -141,10 +141,15 @@ class Run {
   void setup();
   void init_state();
   double train_step(int64_t s, PhaseTimes& times, double& grad_norm);
-  PhaseTimes collect_times(int64_t s);
+  // The step's phase times and collectives (for the report and --trace). After the last step it
+  // first waits for the collectives still running, so that the trace has all of them.
+  PhaseTimes collect_times(int64_t s, bool last);
   void write_trace();
   void forward_backward(int64_t step, bool backward, bool reduce);
   void optimizer_step(int64_t s, double& grad_norm);
+  // Makes the parameters at offsets >= `from` current: waits for the ZeRO-1 all-gathers still
+  // writing any of them. Inside forward the wait is timed as exposed communication.
+  void await_params(int64_t from, bool in_forward);
   double evaluate();
   // A checkpoint source for a state of the owned range (gathered to rank 0 with ZeRO-1).
   TensorSource state_source(BufferView owned);
@@ -168,6 +173,13 @@ class Run {
   std::optional<ShardPlan> shards_;
   Range owned_;
   std::vector<Range> update_parts_;  // of owned_, relative to its start
+  // ZeRO-1 all-gathers launched by the last update and not yet waited for, with the end of the
+  // highest range each writes: the next forward waits for each only when it gets there.
+  struct PendingGather {
+    int64_t end;
+    CommHandle handle;
+  };
+  std::vector<PendingGather> gathers_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GradSync> sync_;
   std::unique_ptr<StepTimer> timer_;
@@ -451,7 +463,7 @@ void Run::forward_backward(int64_t step, bool backward, bool reduce) {
     const MicroBatch mb{inputs_.data(), targets_.data(), o_.batch, T};
     {
       PhaseScope p(*timer_, Phase::kForward);
-      replica_->forward(mb);
+      replica_->forward(mb, [this](int64_t offset) { await_params(offset, true); });
     }
     if (!backward) continue;
     PhaseScope p(*timer_, Phase::kBackward);
@@ -460,11 +472,33 @@ void Run::forward_backward(int64_t step, bool backward, bool reduce) {
   }
 }
 
+void Run::await_params(int64_t from, bool in_forward) {
+  std::vector<CommHandle> due;
+  for (auto it = gathers_.begin(); it != gathers_.end();) {
+    if (it->end > from) {
+      due.push_back(std::move(it->handle));
+      it = gathers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!due.empty()) {
+    if (!in_forward) return wait_all(due);
+    timer_->end(Phase::kForward);
+    {
+      PhaseScope p(*timer_, Phase::kComm);
+      wait_all(due);
+    }
+    timer_->begin(Phase::kForward);
+  }
+  if (!gathers_.empty()) grad_comm_->progress();  // MPI moves data only inside MPI calls
+}
+
 void Run::optimizer_step(int64_t s, double& grad_norm) {
+  await_params(0, false);  // normally done: forward reads every parameter
   BufferView grads = replica_->grads().slice(owned_.begin, owned_.size());
   BufferView params = replica_->params().slice(owned_.begin, owned_.size());
   const bool gather = shards_ && nranks_ > 1;
-  std::vector<CommHandle> gathers;
   {
     PhaseScope p(*timer_, Phase::kOptimizer);
 #ifdef TRAINER_WITH_CUDA
@@ -475,25 +509,26 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
     if (shards_ && nranks_ > 1) sq = world_.sum(sq);
     grad_norm = std::sqrt(sq);
     const float clip = clip_scale(grad_norm, o_.clip);
-    // ZeRO-1: part k of every rank's slice is all-gathered while part k+1 is updated.
-    for (const Range& part : update_parts_) {
-      opt_->step_part(part, grads.slice(part.begin, part.size()),
-                      params.slice(part.begin, part.size()), schedule_.at(s), s + 1, clip,
+    // ZeRO-1: part k of every rank's slice is all-gathered while part k+1 is updated, and the
+    // next forward waits for a part only when it reaches it. Parts run from the end of the slices
+    // to their start, the order forward reads the buffer (the embedding is last in it).
+    for (auto part = update_parts_.rbegin(); part != update_parts_.rend(); ++part) {
+      opt_->step_part(*part, grads.slice(part->begin, part->size()),
+                      params.slice(part->begin, part->size()), schedule_.at(s), s + 1, clip,
                       replica_->stream());
       if (!gather) continue;
       std::vector<Range> segments;
-      for (int r = 0; r < nranks_; ++r)
+      int64_t end = 0;
+      for (int r = 0; r < nranks_; ++r) {
         segments.push_back(
-            {shards_->shard(r).begin + part.begin, shards_->shard(r).begin + part.end});
-      gathers.push_back(grad_comm_->all_gather(replica_->params(), segments));
+            {shards_->shard(r).begin + part->begin, shards_->shard(r).begin + part->end});
+        end = std::max(end, segments.back().end);
+      }
+      gathers_.push_back({end, grad_comm_->all_gather(replica_->params(), segments)});
     }
 #ifdef TRAINER_WITH_CUDA
     nvtxRangePop();
 #endif
-  }
-  if (gather) {
-    PhaseScope p(*timer_, Phase::kComm);
-    wait_all(gathers);
   }
 }
 
@@ -508,12 +543,16 @@ double Run::train_step(int64_t s, PhaseTimes& times, double& grad_norm) {
   optimizer_step(s, grad_norm);
   timer_->end(Phase::kStep);
   const double loss = world_.sum(replica_->take_loss()) / nranks_;
-  times = collect_times(s);
+  times = collect_times(s, s + 1 == o_.steps);
   return loss;
 }
 
-PhaseTimes Run::collect_times(int64_t s) {
+PhaseTimes Run::collect_times(int64_t s, bool last) {
   PhaseTimes times = timer_->collect();
+  if (last) {
+    await_params(0, false);
+    replica_->synchronize();
+  }
   std::vector<std::pair<std::string, std::pair<double, double>>> collectives;
 #ifdef TRAINER_WITH_CUDA
   if (nccl_)
@@ -578,6 +617,7 @@ void Run::write_trace() {
 }
 
 double Run::evaluate() {
+  await_params(0, false);
   const int64_t T = o_.config.ctx;
   const Sampler vs{SamplerKind::kSequential, o_.seed, val_->size(), T, G_};
   const int64_t rows_per_rank = o_.batch * o_.grad_accum;
@@ -751,6 +791,7 @@ TrainResult Run::execute(bool keep_params) {
     }
     report_timing(result.rank_times, o_.timing_warmup);
   }
+  await_params(0, false);
   write_trace();
   if (keep_params) {
     result.params.assign(flat_, 0.0f);  // padding stays zero, as in the master weights
@@ -779,7 +820,7 @@ void Run::benchmark(TrainResult& result) {
     if (step) optimizer_step(s % o_.steps, norm);
     timer_->end(Phase::kStep);
     replica_->take_loss();
-    PhaseTimes t = collect_times(s);
+    PhaseTimes t = collect_times(s, s + 1 == warm + n);
     if (s >= warm) mine.push_back(t);
   }
   const int64_t mem = memory_in_use(device_);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU failure handling on 2 GPUs. Usage: gpu_failures.sh BUILD_DIR DATA.npy
+# GPU failure handling on 2 GPUs (the first two of a larger machine). Usage: gpu_failures.sh BUILD_DIR DATA.npy
 #  1. A rank that stops answering mid-run makes the NCCL watchdog of the other rank end every rank,
 #     with a message naming the rank and the collective, well before the timeout of this script.
 #  2. 3 ranks on 2 GPUs (two ranks would share a GPU, which NCCL refuses) are refused on every rank
@@ -33,8 +33,9 @@ ok=0
 verdict $ok "watchdog: every rank stopped (exit $rc) after ${secs} s" \
   "watchdog: exit $rc after ${secs} s"
 
-out=$(timeout 120 mpirun --oversubscribe --bind-to none -np 3 "$build/trainer" "${tiny[@]}" \
-  --steps 2 2>&1)
+# Two GPUs visible even on a larger machine.
+out=$(timeout 120 mpirun --oversubscribe --bind-to none -np 3 -x CUDA_VISIBLE_DEVICES=0,1 \
+  "$build/trainer" "${tiny[@]}" --steps 2 2>&1)
 rc=$?
 named=$(grep -c "ranks 0 and 2 would share one GPU" <<<"$out")
 echo "$out" | grep -E "share one GPU" | head -3

@@ -7,8 +7,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -174,6 +176,41 @@ TEST_CASE("CUDA replica: widths that defeat the fused and vector paths", "[cuda]
   c.d_ff = 100;
   compare_with_cpu(c, Precision::kFp32, "simple", 1e-5, 1e-5);
   compare_with_cpu(c, Precision::kBf16, "simple", 2e-2, 5e-2);
+}
+
+TEST_CASE("CUDA replica: forward announces each part of the parameters before reading it",
+          "[cuda][model]") {
+  // As under ZeRO-1, whose all-gathers may still be running, parameters arrive only when forward
+  // asks for them; until then they are NaN, so a kernel that reads them earlier changes the loss.
+  ModelConfig c = tiny(10000, 64);
+  c.d_model = 128;
+  c.n_heads = 2;  // head dim 64: the flash kernels, as in training
+  c.d_ff = 384;
+  const ParamLayout L(c);
+  const int64_t n = L.total();
+  const std::vector<float> params = fresh_params(c, 11);
+  const std::vector<float> nan(static_cast<size_t>(n), std::nanf(""));
+  const Batch b = make_batch(2, 64, c.vocab, 5);
+  std::unique_ptr<Replica> src = make_cuda_replica(c, options(c, 2, Precision::kBf16, "flash"));
+  std::unique_ptr<Replica> gpu = make_cuda_replica(c, options(c, 2, Precision::kBf16, "flash"));
+  src->set_params(params.data());
+  src->forward(b.mb());
+  const float expected = src->take_loss();
+  REQUIRE(std::isfinite(expected));
+
+  gpu->set_params(nan.data());
+  std::vector<int64_t> offsets;
+  gpu->forward(b.mb(), [&](int64_t offset) {
+    offsets.push_back(offset);
+    gpu->synchronize();  // what forward queued so far has run, on whatever was there
+    copy(gpu->params().slice(offset, n - offset), src->params().slice(offset, n - offset));
+  });
+  CHECK(gpu->take_loss() == expected);
+  REQUIRE(offsets.size() == static_cast<size_t>(c.n_layers + 2));
+  CHECK(offsets.front() == L.find("token_embeddings.weight").offset);
+  CHECK(offsets.back() == 0);
+  CHECK(std::adjacent_find(offsets.begin(), offsets.end(), std::less_equal<int64_t>()) ==
+        offsets.end());  // strictly decreasing
 }
 
 TEST_CASE("CUDA replica: evaluate keeps the training loss separate", "[cuda][model]") {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/config.h"
@@ -195,6 +196,43 @@ TEST_CASE("results do not depend on the number of OpenMP threads") {
   const float l1 = run(1, g1), l3 = run(3, g3);
   REQUIRE(l1 == l3);
   REQUIRE(g1 == g3);
+}
+
+TEST_CASE("forward announces each part of the parameters before reading it") {
+  // As under ZeRO-1, whose all-gathers may still be running, parameters arrive only when forward
+  // asks for them; until then they are NaN, so an earlier read changes the loss.
+  const ModelConfig c = tiny_config();
+  const ParamLayout L(c);
+  const int64_t n = L.total();
+  ReplicaOptions o;
+  o.max_batch = 2;
+  o.flat_elems = n;
+  auto r = make_cpu_replica(c, o);
+  std::vector<float> p(n, 0.0f);
+  init_params(L, 9, p.data());
+  std::vector<int32_t> in(16), tg(16);
+  for (int i = 0; i < 16; ++i) {
+    in[i] = (i * 7 + 2) % 37;
+    tg[i] = (i * 5 + 3) % 37;
+  }
+  r->set_params(p.data());
+  r->forward({in.data(), tg.data(), 2, 8});
+  const float expected = r->take_loss();
+  REQUIRE(std::isfinite(expected));
+
+  const std::vector<float> nan(n, std::nanf(""));
+  r->set_params(nan.data());
+  std::vector<int64_t> offsets;
+  r->forward({in.data(), tg.data(), 2, 8}, [&](int64_t offset) {
+    offsets.push_back(offset);
+    std::copy(p.begin() + offset, p.end(), r->params().as<float>() + offset);
+  });
+  CHECK(r->take_loss() == expected);
+  REQUIRE(offsets.size() == static_cast<size_t>(c.n_layers + 2));
+  CHECK(offsets.front() == L.find("token_embeddings.weight").offset);
+  CHECK(offsets.back() == 0);
+  CHECK(std::adjacent_find(offsets.begin(), offsets.end(), std::less_equal<int64_t>()) ==
+        offsets.end());  // strictly decreasing
 }
 
 TEST_CASE("CpuReplica wraps the float model: loss averaging, evaluate, accumulation") {

@@ -28,10 +28,11 @@ class CpuReplica final : public Replica {
   BufferView params() override { return params_.view(); }
   BufferView grads() override { return grads_.view(); }
 
-  void forward(const MicroBatch& mb) override {
+  void forward(const MicroBatch& mb, const ParamsNeededFn& need) override {
     TRAINER_CHECK(mb.inputs != nullptr && mb.targets != nullptr,
                   "forward needs inputs and targets");
-    const float mean = model_.forward(params_.as<float>(), mb.inputs, mb.targets, mb.batch, mb.seq);
+    const float mean =
+        model_.forward(params_.as<float>(), mb.inputs, mb.targets, mb.batch, mb.seq, need);
     const int64_t tokens = mb.batch * mb.seq;
     loss_sum_ += static_cast<double>(mean) * static_cast<double>(tokens);
     loss_tokens_ += tokens;

@@ -1,5 +1,6 @@
 #include "model/cpu/transformer.h"
 
+#include <algorithm>  // std::min
 #include <string>
 
 #include "core/error.h"
@@ -85,7 +86,7 @@ int64_t CpuTransformer<T>::activation_bytes() const {
 // ------------------------------------------------------------------------------------------------
 template <typename T>
 T CpuTransformer<T>::forward(const T* params, const int32_t* inputs, const int32_t* targets,
-                             int64_t B, int64_t seq) {
+                             int64_t B, int64_t seq, const ParamsNeededFn& need) {
   if (B <= 0 || B > max_batch_)
     usage_error("micro-batch of {} sequences does not fit the model's buffers for 1..{} (--batch)",
                 B, max_batch_);
@@ -111,10 +112,15 @@ T CpuTransformer<T>::forward(const T* params, const int32_t* inputs, const int32
   if (targets) std::copy_n(targets, n, targets_.data());
 
   const T eps = T(kRmsEps), theta = T(kRopeTheta);
+  auto needs = [&](int64_t offset) {
+    if (need) need(offset);
+  };
+  needs(off_emb_);
   embedding_forward(inputs, params + off_emb_, acts_[0].x.data(), n, d);  // validate(): >= 1 block
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const BlockParams& p = blocks_[l];
     BlockActs& a = acts_[l];
+    needs(layout_.block_offset(static_cast<int>(l)));
     T* x_out = l + 1 < blocks_.size() ? acts_[l + 1].x.data() : xf_.data();
     // Attention half.
     rmsnorm_forward(a.x.data(), params + p.ln1, a.ln1.data(), a.rstd1.data(), n, d, eps);
@@ -135,6 +141,7 @@ T CpuTransformer<T>::forward(const T* params, const int32_t* inputs, const int32
     linear_forward(a.g.data(), params + p.w2, x_out, n, f, d);
     add_into(x_out, a.h.data(), n * d);  // x' = h + ffn
   }
+  needs(std::min(off_lnf_, off_head_));
   rmsnorm_forward(xf_.data(), params + off_lnf_, lnf_.data(), rstdf_.data(), n, d, eps);
   linear_forward(lnf_.data(), params + off_head_, logits_.data(), n, d, V);
   if (!targets) return T(0);

@@ -21,8 +21,10 @@ class CpuTransformer {
   // Runs the model on B rows of `seq` token ids (row-major (B, seq)); `params` is a flat buffer of
   // ParamLayout(c). Keeps what backward needs and copies the ids. Returns the mean token loss over
   // the B*seq positions; with targets == nullptr only the logits are computed and 0 is returned.
-  // Throws UsageError for seq > ctx, B > max_batch or a token id outside the vocabulary.
-  T forward(const T* params, const int32_t* inputs, const int32_t* targets, int64_t B, int64_t seq);
+  // Throws UsageError for seq > ctx, B > max_batch or a token id outside the vocabulary. `need` is
+  // told before each part of `params` is first read (see ParamsNeededFn).
+  T forward(const T* params, const int32_t* inputs, const int32_t* targets, int64_t B, int64_t seq,
+            const ParamsNeededFn& need = {});
 
   // (B, seq, vocab) logits of the last forward.
   const T* logits() const { return logits_.data(); }

@@ -131,7 +131,7 @@ class CudaReplica final : public Replica {
   BufferView params() override { return params_.view(); }
   BufferView grads() override { return grads_.view(); }
 
-  void forward(const MicroBatch& mb) override;
+  void forward(const MicroBatch& mb, const ParamsNeededFn& need) override;
   float take_loss() override;
   void backward(float scale, const GradReadyFn& ready) override;
   float evaluate(const MicroBatch& mb) override;
@@ -146,6 +146,7 @@ class CudaReplica final : public Replica {
 
  private:
   struct BlockParams {
+    int64_t first;  // lowest offset of the block's tensors (ParamsNeededFn)
     int64_t ln1, o, ln2, w2;
     int i_ln1, i_o, i_ln2, i_w2;
     LinearGroup vkq, w31;
@@ -169,7 +170,7 @@ class CudaReplica final : public Replica {
   void carve(Carver& cv);
   void check_batch(const MicroBatch& mb) const;
   void stage_tokens(const MicroBatch& mb, bool buckets);
-  void run_forward(int64_t B, int64_t seq, bool training);
+  void run_forward(int64_t B, int64_t seq, bool training, const ParamsNeededFn& need);
 
   const T* P(int64_t offset) const { return params_.as<T>() + offset; }
   float* G(int64_t offset) const { return grads_.as<float>() + offset; }
@@ -289,6 +290,7 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   for (int64_t l = 0; l < L_; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     BlockParams& bp = blocks_[l];
+    bp.first = layout_.block_offset(static_cast<int>(l));
     layout_.locate(p + "ln1.weight", bp.ln1, bp.i_ln1);
     layout_.locate(p + "attn.output_proj.weight", bp.o, bp.i_o);
     layout_.locate(p + "ln2.weight", bp.ln2, bp.i_ln2);
@@ -597,18 +599,24 @@ void CudaReplica<T>::attention_layer_backward(BlockActs& a, const T* datt, int64
 }
 
 template <typename T>
-void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training) {
+void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training,
+                                 const ParamsNeededFn& need) {
   const int64_t n = B * seq, d = d_, f = f_;
   const int32_t* ids = tokens_;
   const int32_t* targets = tokens_ + n;
   cudaStream_t s = stream_.s;
   const QkvLayout qkv_layout = flash_ ? QkvLayout::kTokenMajor : QkvLayout::kHeadMajor;
+  auto needs = [&](int64_t offset) {
+    if (need) need(offset);
+  };
   NvtxRange range("forward");
+  needs(off_emb_);
   embedding_forward(ids, P(off_emb_), resid_[0], n, d, s);
   for (int64_t l = 0; l < L_; ++l) {
     NvtxRange layer_range(fwd_names_[l].c_str());
     const BlockParams& p = blocks_[l];
     BlockActs& a = acts_[l];
+    needs(p.first);
     // Attention half.
     rmsnorm_forward(resid_[l], P(p.ln1), a.ln1, a.rstd1, n, d, kRmsEps, s);
     group_forward(p.vkq, a.ln1, vkq_, n);
@@ -627,6 +635,7 @@ void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training) {
     linear_forward(a.g, P(p.w2), resid_[l + 1], d, n, f, d, a.h);  // x' = h + g W2^T
   }
   NvtxRange head_range("lm_head+loss");
+  needs(std::min(off_lnf_, off_head_));
   rmsnorm_forward(resid_[L_], P(off_lnf_), lnf_, rstdf_, n, d, kRmsEps, s);
   linear_forward(lnf_, P(off_head_), logits_, Vp_, n, d, V_);
   if (training)
@@ -637,11 +646,11 @@ void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training) {
 }
 
 template <typename T>
-void CudaReplica<T>::forward(const MicroBatch& mb) {
+void CudaReplica<T>::forward(const MicroBatch& mb, const ParamsNeededFn& need) {
   use_device();
   check_batch(mb);
   stage_tokens(mb, true);
-  run_forward(mb.batch, mb.seq, true);
+  run_forward(mb.batch, mb.seq, true, need);
   B_ = mb.batch;
   seq_ = mb.seq;
   train_tokens_ += mb.batch * mb.seq;
@@ -668,7 +677,7 @@ float CudaReplica<T>::evaluate(const MicroBatch& mb) {
   // The evaluation forward reuses the activation buffers: a later backward has nothing to use.
   backward_ready_ = false;
   stage_tokens(mb, false);
-  run_forward(mb.batch, mb.seq, false);
+  run_forward(mb.batch, mb.seq, false, {});
   auto* host = static_cast<double*>(loss_host_.p);
   CUDA_CHECK(
       cudaMemcpyAsync(host + 1, loss_sum_ + 1, sizeof(double), cudaMemcpyDeviceToHost, stream_.s));
