@@ -67,6 +67,9 @@ class Replica {
   virtual void backward(float scale, const GradReadyFn& ready) = 0;
   // Mean token loss without keeping activations (validation).
   virtual float evaluate(const MicroBatch& mb) = 0;
+  // Starts a new accumulation: the next backward acts on zero gradients. (The CUDA replica does not
+  // clear the buffer: that backward writes every tensor's gradient instead of adding to it, so
+  // grads() holds old values until then.) Elements outside every tensor stay zero throughout.
   virtual void zero_grads() = 0;
 
   // Sets the working parameters from fp32 values of the whole flat buffer (host memory).

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# GPU failure handling on 2 GPUs (the first two of a larger machine). Usage: gpu_failures.sh BUILD_DIR DATA.npy
+# GPU failure handling on 2 GPUs (the first two of a larger machine).
+# Usage: gpu_failures.sh BUILD_DIR DATA.npy
 #  1. A rank that stops answering mid-run makes the NCCL watchdog of the other rank end every rank,
 #     with a message naming the rank and the collective, well before the timeout of this script.
 #  2. 3 ranks on 2 GPUs (two ranks would share a GPU, which NCCL refuses) are refused on every rank
 #     with exit code 2 and a message naming the ranks, before NCCL starts.
+#  3. With 3 GPUs or more: --grad-transport ce (which pairs 2 GPUs) on 3 ranks is refused likewise.
 set -uo pipefail
 build=${1:?usage: gpu_failures.sh BUILD_DIR DATA.npy}
 data=${2:?usage: gpu_failures.sh BUILD_DIR DATA.npy}
@@ -33,16 +35,26 @@ ok=0
 verdict $ok "watchdog: every rank stopped (exit $rc) after ${secs} s" \
   "watchdog: exit $rc after ${secs} s"
 
-# Two GPUs visible even on a larger machine.
-out=$(timeout 120 mpirun --oversubscribe --bind-to none -np 3 -x CUDA_VISIBLE_DEVICES=0,1 \
-  "$build/trainer" "${tiny[@]}" --steps 2 2>&1)
-rc=$?
-named=$(grep -c "ranks 0 and 2 would share one GPU" <<<"$out")
-echo "$out" | grep -E "share one GPU" | head -3
-ok=0
-[[ $rc -eq 2 && $named -eq 3 ]] && ok=1
-verdict $ok "3 ranks on 2 GPUs: refused on every rank (exit 2)" \
-  "3 ranks on 2 GPUs: exit $rc, message on $named of 3 ranks"
+# refused WHAT MESSAGE GPUS [trainer flags]: 3 ranks on the GPUs listed must each exit 2 with MESSAGE.
+refused() {
+  local what=$1 msg=$2 gpus=$3
+  shift 3
+  out=$(timeout 120 mpirun --oversubscribe --bind-to none -np 3 -x CUDA_VISIBLE_DEVICES="$gpus" \
+    "$build/trainer" "${tiny[@]}" --steps 2 "$@" 2>&1)
+  local rc=$? named ok=0
+  named=$(grep -c -- "$msg" <<<"$out")
+  grep -- "$msg" <<<"$out" | head -3
+  [[ $rc -eq 2 && $named -eq 3 ]] && ok=1
+  verdict $ok "$what: refused on every rank (exit 2)" "$what: exit $rc, message on $named of 3 ranks"
+}
+
+refused "3 ranks on 2 GPUs" "ranks 0 and 2 would share one GPU" 0,1
+if [[ $(nvidia-smi -L | wc -l) -ge 3 ]]; then
+  refused "--grad-transport ce on 3 ranks" "grad-transport ce needs exactly 2 ranks" 0,1,2 \
+    --grad-transport ce
+else
+  echo "--grad-transport ce on 3 ranks: skipped (fewer than 3 GPUs)"
+fi
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

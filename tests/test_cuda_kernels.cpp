@@ -375,20 +375,20 @@ TEMPLATE_TEST_CASE("rmsnorm forward and backward match the CPU", "[cuda]", float
       Dev<unsigned> counters(cuda::rmsnorm_backward_counters(d));
       const cuda::RmsnormScratch scratch{partial.p(), counters.p()};
       for (int rep = 0; rep < 2; ++rep) {
-        cuda::rmsnorm_backward(x_d.p(), w_d.p(), rstd_d.p(), dy_d.p(), dx_d.p(), true, dw_d.p(), n,
-                               d, scratch, nullptr);
+        cuda::rmsnorm_backward(x_d.p(), w_d.p(), rstd_d.p(), dy_d.p(), dx_d.p(), true, dw_d.p(),
+                               true, n, d, scratch, nullptr);
         cpu::rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), dx.data(), dw.data(), n,
                               d);
       }
       CHECK(rel_err(download(dx_d), dx) < tol<T>());
       CHECK(rel_err(download(dw_d), dw) < (std::is_same_v<T, float> ? 1e-5 : 1e-3));
 
-      // Overwrite mode ignores what dx held.
+      // Overwrite mode ignores what dx and dw held.
       Dev<T> dx2 = poisoned<T>(n * d);
       std::vector<float> dx_ref(n * d, 0.0f), dw_ref(d, 0.0f);
-      Dev<float> dw2 = upload<float>(dw_ref);
-      cuda::rmsnorm_backward(x_d.p(), w_d.p(), rstd_d.p(), dy_d.p(), dx2.p(), false, dw2.p(), n, d,
-                             scratch, nullptr);
+      Dev<float> dw2 = poisoned<float>(d);
+      cuda::rmsnorm_backward(x_d.p(), w_d.p(), rstd_d.p(), dy_d.p(), dx2.p(), false, dw2.p(), false,
+                             n, d, scratch, nullptr);
       cpu::rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), dx_ref.data(),
                             dw_ref.data(), n, d);
       CHECK(rel_err(download(dx2), dx_ref) < tol<T>());

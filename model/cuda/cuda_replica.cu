@@ -20,6 +20,10 @@
 // then logits = rmsnorm(x_L) Whead^T and the fused softmax/cross-entropy, which in a training
 // forward also writes dlogits = softmax - onehot over the logits; backward's `scale` becomes the
 // alpha of the two lm_head matmuls.
+//
+// Gradients: the first backward after zero_grads() overwrites them (matmul beta 0, RMSNorm gains
+// written, not added) instead of clearing 8 GB for xl first; only the embedding's rows, which
+// backward adds into for the tokens present, are cleared. Later backwards accumulate.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
@@ -240,6 +244,8 @@ class CudaReplica final : public Replica {
   int64_t num_buckets_ = 0;
   int64_t B_ = 0, seq_ = 0;  // shape of the last forward
   bool backward_ready_ = false;
+  // False from zero_grads() to the end of the next backward, which then overwrites the gradients.
+  bool accumulate_grads_ = true;
   int64_t train_tokens_ = 0;
   std::vector<std::string> fwd_names_, bwd_names_;
 };
@@ -530,7 +536,7 @@ void CudaReplica<T>::linear_backward_weight(const T* dy, int64_t ldy, const T* x
   g.d = dW;
   g.ldd = d_in;
   g.alpha = alpha;
-  g.beta = 1.0f;  // gradients accumulate over micro-batches
+  g.beta = accumulate_grads_ ? 1.0f : 0.0f;  // accumulate over micro-batches after the first
   g.ab_type = dtype_of<T>();
   g.cd_type = DType::kF32;
   g.tf32 = tf32_;
@@ -718,8 +724,8 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     linear_backward_weight(logits_, Vp_, lnf_, G(off_head_), n, d, V_, scale);
     done(i_head_);
     linear_backward_data(logits_, Vp_, P(off_head_), dln_, n, d, V_, scale, false);
-    rmsnorm_backward(resid_[L_], P(off_lnf_), rstdf_, dln_, dres_, false, G(off_lnf_), n, d, rms,
-                     s);
+    rmsnorm_backward(resid_[L_], P(off_lnf_), rstdf_, dln_, dres_, false, G(off_lnf_),
+                     accumulate_grads_, n, d, rms, s);
     done(i_lnf_);
   }
   for (int64_t l = L_ - 1; l >= 0; --l) {
@@ -732,7 +738,8 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     linear_backward_data(dres_, d, P(p.w2), dg_, n, f, d, 1.0f, false);
     swiglu_backward(a.ba + f, a.ba, 2 * f, dg_, a.ba + f, a.ba, 2 * f, n, f, s);
     group_backward(p.w31, a.ln2, a.ba, dln_, n, ready);
-    rmsnorm_backward(a.h, P(p.ln2), a.rstd2, dln_, dres_, true, G(p.ln2), n, d, rms, s);
+    rmsnorm_backward(a.h, P(p.ln2), a.rstd2, dln_, dres_, true, G(p.ln2), accumulate_grads_, n, d,
+                     rms, s);
     done(p.i_ln2);  // dres_ is now dL/dh
     // Attention half: datt = dh Wo (into dln_, free again), attention and RoPE backward, dln1.
     linear_backward_weight(dres_, d, a.att, G(p.o), n, d, d, 1.0f);
@@ -746,19 +753,23 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     jobs.add(dv_, vkq_, false);
     rope(jobs, qkv_layout, d, QkvLayout::kTokenMajor, 3 * d, B, seq, H_, dh_, rope_table_, true, s);
     group_backward(p.vkq, a.ln1, vkq_, dln_, n, ready);
-    rmsnorm_backward(resid_[l], P(p.ln1), a.rstd1, dln_, dres_, true, G(p.ln1), n, d, rms, s);
+    rmsnorm_backward(resid_[l], P(p.ln1), a.rstd1, dln_, dres_, true, G(p.ln1), accumulate_grads_,
+                     n, d, rms, s);
     done(p.i_ln1);  // dres_ is now dL/dx of this block's input
   }
   const int32_t* bucket_ids = tokens_ + 2 * n;
   embedding_backward(dres_, bucket_ids, tokens_ + 3 * n, tokens_ + 4 * n + 1, num_buckets_,
                      G(off_emb_), d, s);
+  accumulate_grads_ = true;
   done(i_emb_);
 }
 
 template <typename T>
 void CudaReplica<T>::zero_grads() {
   use_device();
-  CUDA_CHECK(cudaMemsetAsync(grads_.view().data, 0, grads_.bytes(), stream_.s));
+  const ParamTensor& emb = layout_.tensors()[i_emb_];
+  CUDA_CHECK(cudaMemsetAsync(G(emb.offset), 0, emb.numel * sizeof(float), stream_.s));
+  accumulate_grads_ = false;
 }
 
 template <typename T>

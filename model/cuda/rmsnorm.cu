@@ -86,8 +86,8 @@ __global__ void rmsnorm_backward_dx_kernel(const T* __restrict__ x, const T* __r
 template <typename T, int kV>
 __global__ void rmsnorm_backward_dw_kernel(const T* __restrict__ x, const float* __restrict__ rstd,
                                            const T* __restrict__ dy, float* __restrict__ dw,
-                                           int64_t n, int d, int64_t rows_per_group,
-                                           float* __restrict__ partial,
+                                           bool accumulate, int64_t n, int d,
+                                           int64_t rows_per_group, float* __restrict__ partial,
                                            unsigned* __restrict__ counters) {
   __shared__ float red[kRowsY][kWarp * kV];
   __shared__ bool last;
@@ -135,7 +135,7 @@ __global__ void rmsnorm_backward_dw_kernel(const T* __restrict__ x, const float*
     for (int k = 0; k < kV; ++k) {
       float s = 0.0f;
       for (int j = 0; j < kRowsY; ++j) s += red[j][tx * kV + k];
-      dw[c + k] += s;
+      dw[c + k] = accumulate ? dw[c + k] + s : s;
     }
   }
   if (tx == 0 && ty == 0) counters[blockIdx.x] = 0;
@@ -158,8 +158,8 @@ void forward_impl(const T* x, const T* w, T* y, float* rstd, int64_t n, int64_t 
 }
 
 template <typename T, int kV>
-void launch_dw(const T* x, const float* rstd, const T* dy, float* dw, int64_t n, int64_t d,
-               RmsnormScratch s, cudaStream_t stream) {
+void launch_dw(const T* x, const float* rstd, const T* dy, float* dw, bool accumulate, int64_t n,
+               int64_t d, RmsnormScratch s, cudaStream_t stream) {
   const int64_t tiles = ceil_div(d, kWarp * kV);
   // About 256 blocks in all, at least 8 rows per group, at most kMaxGroups groups.
   int64_t groups = std::clamp<int64_t>(ceil_div(256, tiles), 1, kMaxGroups);
@@ -169,13 +169,14 @@ void launch_dw(const T* x, const float* rstd, const T* dy, float* dw, int64_t n,
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(groups));
   const dim3 block(kWarp, kRowsY);
   rmsnorm_backward_dw_kernel<T, kV><<<grid, block, 0, stream>>>(
-      x, rstd, dy, dw, n, static_cast<int>(d), rows_per_group, s.partial, s.counters);
+      x, rstd, dy, dw, accumulate, n, static_cast<int>(d), rows_per_group, s.partial, s.counters);
   CUDA_CHECK_LAUNCH("rmsnorm_backward_dw_kernel");
 }
 
 template <typename T>
 void backward_impl(const T* x, const T* w, const float* rstd, const T* dy, T* dx, bool accumulate,
-                   float* dw, int64_t n, int64_t d, RmsnormScratch s, cudaStream_t stream) {
+                   float* dw, bool accumulate_dw, int64_t n, int64_t d, RmsnormScratch s,
+                   cudaStream_t stream) {
   TRAINER_CHECK(n >= 0 && d > 0 && d < (1 << 30), "rmsnorm_backward: n {} d {}", n, d);
   TRAINER_CHECK(x && w && rstd && dy && dx && dw && s.partial && s.counters,
                 "rmsnorm_backward: null pointer");
@@ -193,9 +194,9 @@ void backward_impl(const T* x, const T* w, const float* rstd, const T* dy, T* dx
         <<<blocks, threads, 0, stream>>>(x, w, rstd, dy, dx, accumulate, n, di);
   CUDA_CHECK_LAUNCH("rmsnorm_backward_dx_kernel");
   if (vec)
-    launch_dw<T, kPack<T>>(x, rstd, dy, dw, n, d, s, stream);
+    launch_dw<T, kPack<T>>(x, rstd, dy, dw, accumulate_dw, n, d, s, stream);
   else
-    launch_dw<T, 1>(x, rstd, dy, dw, n, d, s, stream);
+    launch_dw<T, 1>(x, rstd, dy, dw, accumulate_dw, n, d, s, stream);
 }
 
 }  // namespace
@@ -212,14 +213,15 @@ void rmsnorm_forward(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat
   forward_impl(x, w, y, rstd, n, d, eps, stream);
 }
 void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
-                      bool accumulate_dx, float* dw, int64_t n, int64_t d, RmsnormScratch scratch,
-                      cudaStream_t stream) {
-  backward_impl(x, w, rstd, dy, dx, accumulate_dx, dw, n, d, scratch, stream);
+                      bool accumulate_dx, float* dw, bool accumulate_dw, int64_t n, int64_t d,
+                      RmsnormScratch scratch, cudaStream_t stream) {
+  backward_impl(x, w, rstd, dy, dx, accumulate_dx, dw, accumulate_dw, n, d, scratch, stream);
 }
 void rmsnorm_backward(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* rstd,
                       const __nv_bfloat16* dy, __nv_bfloat16* dx, bool accumulate_dx, float* dw,
-                      int64_t n, int64_t d, RmsnormScratch scratch, cudaStream_t stream) {
-  backward_impl(x, w, rstd, dy, dx, accumulate_dx, dw, n, d, scratch, stream);
+                      bool accumulate_dw, int64_t n, int64_t d, RmsnormScratch scratch,
+                      cudaStream_t stream) {
+  backward_impl(x, w, rstd, dy, dx, accumulate_dx, dw, accumulate_dw, n, d, scratch, stream);
 }
 
 }  // namespace trainer::cuda

@@ -31,12 +31,14 @@ struct RmsnormScratch {
   unsigned* counters = nullptr;
 };
 
-// dx is overwritten when accumulate_dx is false, else added to. dx must not alias x or dy.
+// dx (dw) is overwritten when accumulate_dx (accumulate_dw) is false, else added to. dx must not
+// alias x or dy.
 void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
-                      bool accumulate_dx, float* dw, int64_t n, int64_t d, RmsnormScratch scratch,
-                      cudaStream_t stream);
+                      bool accumulate_dx, float* dw, bool accumulate_dw, int64_t n, int64_t d,
+                      RmsnormScratch scratch, cudaStream_t stream);
 void rmsnorm_backward(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* rstd,
                       const __nv_bfloat16* dy, __nv_bfloat16* dx, bool accumulate_dx, float* dw,
-                      int64_t n, int64_t d, RmsnormScratch scratch, cudaStream_t stream);
+                      bool accumulate_dw, int64_t n, int64_t d, RmsnormScratch scratch,
+                      cudaStream_t stream);
 
 }  // namespace trainer::cuda
