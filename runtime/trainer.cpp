@@ -154,7 +154,10 @@ class Run {
   // A checkpoint source for a state of the owned range (gathered to rank 0 with ZeRO-1).
   TensorSource state_source(BufferView owned);
   void save(int64_t step_done, bool final);
-  void log_step(int64_t s, double loss, double norm, const std::vector<PhaseTimes>& ranks);
+  // `wall_ms`: rank 0's host time for the step, from its launch until every rank's times arrived
+  // (the CUDA-event step time leaves out the host's work between steps).
+  void log_step(int64_t s, double loss, double norm, const std::vector<PhaseTimes>& ranks,
+                double wall_ms);
   void report_timing(const std::vector<std::vector<PhaseTimes>>& rank_times, int64_t skip);
   void benchmark(TrainResult& result);
 
@@ -671,7 +674,8 @@ void Run::save(int64_t step_done, bool final) {
   world_.barrier();
 }
 
-void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseTimes>& ranks) {
+void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseTimes>& ranks,
+                   double wall_ms) {
   const auto step_idx = static_cast<int>(Phase::kStep);
   std::vector<double> step_ms;
   size_t slowest = 0;
@@ -688,8 +692,8 @@ void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseT
       peak > 0 ? tok_s * flops_per_token(o_.config, o_.config.ctx) / (nranks_ * peak * 1e12) : 0;
   const double lr = schedule_.at(s);
   if (metrics_.is_open()) {
-    json j = {{"step", s + 1},     {"loss", loss},          {"lr", lr},
-              {"grad_norm", norm}, {"tokens_per_s", tok_s}, {"step_ms", ms}};
+    json j = {{"step", s + 1},         {"loss", loss},  {"lr", lr},          {"grad_norm", norm},
+              {"tokens_per_s", tok_s}, {"step_ms", ms}, {"wall_ms", wall_ms}};
     if (peak > 0) j["mfu"] = mfu;
     json per_rank = json::array();
     for (const PhaseTimes& t : ranks) {
@@ -702,7 +706,7 @@ void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseT
     metrics_.flush();
   }
   if ((s + 1) % o_.log_every != 0 && s + 1 != o_.steps && s != start_step_) return;
-  std::string timing = fmt::format("step {:.1f} ms", ms);
+  std::string timing = fmt::format("step {:.1f} ms (wall {:.1f})", ms, wall_ms);
   if (nranks_ > 1)
     timing += fmt::format(" (ranks min {:.1f} / median {:.1f} / max {:.1f}, slowest rank {})",
                           *std::min_element(step_ms.begin(), step_ms.end()), median(step_ms), ms,
@@ -760,6 +764,7 @@ TrainResult Run::execute(bool keep_params) {
         spdlog::error("--debug-stall-at-step {}: rank {} stops answering (failure test)", s, rank_);
         std::this_thread::sleep_for(std::chrono::hours(1));
       }
+      const auto launched = std::chrono::steady_clock::now();
       PhaseTimes times;
       double norm = 0;
       const double loss = train_step(s, times, norm);
@@ -774,7 +779,9 @@ TrainResult Run::execute(bool keep_params) {
         ranks.push_back(t);
       }
       if (rank_ == 0) {
-        log_step(s, loss, norm, ranks);
+        const std::chrono::duration<double, std::milli> wall =
+            std::chrono::steady_clock::now() - launched;
+        log_step(s, loss, norm, ranks, wall.count());
         result.rank_times.push_back(ranks);
       }
       const bool last = s + 1 == o_.steps;
@@ -808,7 +815,12 @@ void Run::benchmark(TrainResult& result) {
   const bool step = o_.bench_mode == "train";
   const int64_t warm = o_.warmup, n = o_.steps;
   std::vector<PhaseTimes> mine;
+  std::vector<double> wall;  // host ms from one step's launch to the next's (timed steps)
+  auto launched = std::chrono::steady_clock::now();
   for (int64_t s = 0; s < warm + n; ++s) {
+    const auto now = std::chrono::steady_clock::now();
+    if (s > warm) wall.push_back(std::chrono::duration<double, std::milli>(now - launched).count());
+    launched = now;
     timer_->begin(Phase::kStep);
     if (backward) replica_->zero_grads();
     forward_backward(s, backward, /*reduce=*/backward);
@@ -823,6 +835,9 @@ void Run::benchmark(TrainResult& result) {
     PhaseTimes t = collect_times(s, s + 1 == warm + n);
     if (s >= warm) mine.push_back(t);
   }
+  wall.push_back(
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - launched)
+          .count());
   const int64_t mem = memory_in_use(device_);
   // Per-rank times to rank 0.
   std::vector<std::vector<PhaseTimes>> all(n);
@@ -877,6 +892,10 @@ void Run::benchmark(TrainResult& result) {
       "  step      {:8.3f} ± {:.3f} ms (median {:.3f}) | {:.0f} tok/s{} | peak memory {:.2f} GiB",
       st.mean, st.std, med, tok_s, peak > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "",
       max_mem / 1073741824.0);
+  // The step above is CUDA events from the step's first to its last kernel; between steps the
+  // host reads the loss and the timings. Wall clock per step counts that too.
+  spdlog::info("  wall      {:8.3f} ms per step, median (rank 0's host clock, launch to launch)",
+               median(wall));
   report_timing(all, 0);
   if (!o_.csv.empty()) {
     // NCCL settings from the environment change what a row measures, so they are recorded.
