@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "runtime/side_stream.h"
 
 namespace trainer {
 
@@ -74,9 +73,6 @@ std::unique_ptr<StepTimer> make_step_timer(DeviceKind device, void* stream) {
 #ifndef TRAINER_WITH_CUDA
 std::unique_ptr<StepTimer> make_cuda_timer(void*) {
   runtime_error("CUDA step timer in a build without CUDA");
-}
-std::unique_ptr<SideStream> make_side_stream(void*) {
-  runtime_error("CUDA side stream in a build without CUDA");
 }
 #endif
 

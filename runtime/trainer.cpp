@@ -29,7 +29,6 @@
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/safetensors.h"
-#include "runtime/side_stream.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -148,9 +147,8 @@ class Run {
   void write_trace();
   void forward_backward(int64_t step, bool backward, bool reduce);
   void optimizer_step(int64_t s, double& grad_norm);
-  // Makes the parameters at offsets >= `from` current: waits for the ZeRO-1 all-gathers or the
-  // update parts on the side stream still writing any of them. Inside forward the wait is timed
-  // as exposed communication or optimizer time.
+  // Makes the parameters at offsets >= `from` current: waits for the ZeRO-1 all-gathers still
+  // writing any of them. Inside forward the wait is timed as exposed communication.
   void await_params(int64_t from, bool in_forward);
   double evaluate();
   // A checkpoint source for a state of the owned range (gathered to rank 0 with ZeRO-1).
@@ -178,17 +176,13 @@ class Run {
   std::optional<ShardPlan> shards_;
   Range owned_;
   std::vector<Range> update_parts_;  // of owned_, relative to its start
-  // Unsharded on a GPU: the update runs on this stream beside the next forward.
-  std::unique_ptr<SideStream> side_;
-  // What the last optimizer step left running that writes parameters -- ZeRO-1 all-gathers, or
-  // update parts on side_ -- with the end of the highest range each writes: the next forward
-  // waits for each only when it gets there.
-  struct PendingWrite {
+  // ZeRO-1 all-gathers launched by the last update and not yet waited for, with the end of the
+  // highest range each writes: the next forward waits for each only when it gets there.
+  struct PendingGather {
     int64_t end;
-    CommHandle gather;       // a ZeRO-1 all-gather, or
-    void* update = nullptr;  // a mark on side_ after an update part
+    CommHandle handle;
   };
-  std::vector<PendingWrite> pending_;
+  std::vector<PendingGather> gathers_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GradSync> sync_;
   std::unique_ptr<StepTimer> timer_;
@@ -298,11 +292,8 @@ void Run::setup() {
   const bool pipelined_gather =
       shards_ && nranks_ > 1 &&
       (strategy == SyncStrategy::kBucketed || strategy == SyncStrategy::kOverlap);
-  // Unsharded runs on a GPU update in the same parts on a side stream, beside the next forward.
-  const bool update_beside_forward = device_ == DeviceKind::kCuda && !(shards_ && nranks_ > 1);
-  update_parts_ =
-      plan_update_parts(owned_.size(), pipelined_gather || update_beside_forward ? bucket_bytes : 0,
-                        ParamLayout::kAlignElems);
+  update_parts_ = plan_update_parts(owned_.size(), pipelined_gather ? bucket_bytes : 0,
+                                    ParamLayout::kAlignElems);
 
   ReplicaOptions ro;
   ro.max_batch = o_.batch;
@@ -354,7 +345,6 @@ void Run::setup() {
   sync_ = std::make_unique<GradSync>(*grad_comm_, tensors, replica_->grads(), strategy,
                                      bucket_bytes, shards_ ? &*shards_ : nullptr);
   timer_ = make_step_timer(device_, replica_->stream());
-  if (update_beside_forward) side_ = make_side_stream(replica_->stream());
 #ifdef TRAINER_WITH_CUDA
   if (nccl_) nccl_->set_origin(timer_->origin_event());
 #endif
@@ -486,34 +476,25 @@ void Run::forward_backward(int64_t step, bool backward, bool reduce) {
 }
 
 void Run::await_params(int64_t from, bool in_forward) {
-  std::vector<PendingWrite> due;
-  for (auto it = pending_.begin(); it != pending_.end();) {
+  std::vector<CommHandle> due;
+  for (auto it = gathers_.begin(); it != gathers_.end();) {
     if (it->end > from) {
-      due.push_back(std::move(*it));
-      it = pending_.erase(it);
+      due.push_back(std::move(it->handle));
+      it = gathers_.erase(it);
     } else {
       ++it;
     }
   }
   if (!due.empty()) {
-    // A run has one kind: all-gathers (ZeRO-1) or update parts.
-    const Phase phase = due.front().gather ? Phase::kComm : Phase::kOptimizer;
-    if (in_forward) {
-      timer_->end(Phase::kForward);
-      timer_->begin(phase);
+    if (!in_forward) return wait_all(due);
+    timer_->end(Phase::kForward);
+    {
+      PhaseScope p(*timer_, Phase::kComm);
+      wait_all(due);
     }
-    for (PendingWrite& w : due) {
-      if (w.gather)
-        w.gather->wait();
-      else
-        side_->wait(w.update);
-    }
-    if (in_forward) {
-      timer_->end(phase);
-      timer_->begin(Phase::kForward);
-    }
+    timer_->begin(Phase::kForward);
   }
-  if (!pending_.empty()) grad_comm_->progress();  // MPI moves data only inside MPI calls
+  if (!gathers_.empty()) grad_comm_->progress();  // MPI moves data only inside MPI calls
 }
 
 void Run::optimizer_step(int64_t s, double& grad_norm) {
@@ -531,17 +512,13 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
     if (shards_ && nranks_ > 1) sq = world_.sum(sq);
     grad_norm = std::sqrt(sq);
     const float clip = clip_scale(grad_norm, o_.clip);
-    // Parts run from the end of the range to its start, the order forward reads the buffer (the
-    // embedding is last in it), and the next forward waits for a part only when it reaches it.
-    // ZeRO-1: part k of every rank's slice is all-gathered while part k+1 is updated. Unsharded
-    // on a GPU: the parts are updated on a side stream, beside the next forward.
-    if (side_) side_->fork();
-    void* stream = side_ ? side_->stream() : replica_->stream();
+    // ZeRO-1: part k of every rank's slice is all-gathered while part k+1 is updated, and the
+    // next forward waits for a part only when it reaches it. Parts run from the end of the slices
+    // to their start, the order forward reads the buffer (the embedding is last in it).
     for (auto part = update_parts_.rbegin(); part != update_parts_.rend(); ++part) {
       opt_->step_part(*part, grads.slice(part->begin, part->size()),
                       params.slice(part->begin, part->size()), schedule_.at(s), s + 1, clip,
-                      stream);
-      if (side_) pending_.push_back({owned_.begin + part->end, nullptr, side_->mark()});
+                      replica_->stream());
       if (!gather) continue;
       std::vector<Range> segments;
       int64_t end = 0;
@@ -550,7 +527,7 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
             {shards_->shard(r).begin + part->begin, shards_->shard(r).begin + part->end});
         end = std::max(end, segments.back().end);
       }
-      pending_.push_back({end, grad_comm_->all_gather(replica_->params(), segments)});
+      gathers_.push_back({end, grad_comm_->all_gather(replica_->params(), segments)});
     }
 #ifdef TRAINER_WITH_CUDA
     nvtxRangePop();
@@ -677,8 +654,6 @@ TensorSource Run::state_source(BufferView owned) {
 
 void Run::save(int64_t step_done, bool final) {
   if (o_.out.empty()) return;
-  await_params(0, false);  // the update may still be running on the side stream
-  replica_->synchronize();
   // Tensor by tensor: rank 0 holds one tensor of one state at a time, never the whole model.
   const TensorSource params = state_source(opt_->master());
   const TensorSource exp_avg = state_source(opt_->exp_avg());
@@ -824,7 +799,6 @@ TrainResult Run::execute(bool keep_params) {
     report_timing(result.rank_times, o_.timing_warmup);
   }
   await_params(0, false);
-  replica_->synchronize();
   write_trace();
   if (keep_params) {
     result.params.assign(flat_, 0.0f);  // padding stays zero, as in the master weights

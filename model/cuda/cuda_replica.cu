@@ -22,8 +22,8 @@
 // alpha of the two lm_head matmuls.
 //
 // Gradients: the first backward after zero_grads() overwrites them (matmul beta 0, RMSNorm gains
-// written, not added) instead of clearing 8 GB for xl first; only the embedding gradient, which
-// backward adds into for the tokens present, is cleared, by that backward. Later ones accumulate.
+// written, not added) instead of clearing 8 GB for xl first; only the embedding's rows, which
+// backward adds into for the tokens present, are cleared. Later backwards accumulate.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
@@ -712,13 +712,6 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     if (ready) ready(index);
   };
   NvtxRange range("backward");
-  if (!accumulate_grads_) {
-    // The embedding gradient is added into row by row, for the tokens present: clear it first.
-    // (Here, not in zero_grads(): until forward has run, an update on another stream may still be
-    // reading the gradients.)
-    const ParamTensor& emb = layout_.tensors()[i_emb_];
-    CUDA_CHECK(cudaMemsetAsync(G(emb.offset), 0, emb.numel * sizeof(float), s));
-  }
   // Collectives of earlier buckets hold --comm-sms SMs while later gradients are computed.
   struct SmTarget {
     Matmul& mm;
@@ -773,7 +766,10 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
 
 template <typename T>
 void CudaReplica<T>::zero_grads() {
-  accumulate_grads_ = false;  // backward clears what it adds into
+  use_device();
+  const ParamTensor& emb = layout_.tensors()[i_emb_];
+  CUDA_CHECK(cudaMemsetAsync(G(emb.offset), 0, emb.numel * sizeof(float), stream_.s));
+  accumulate_grads_ = false;
 }
 
 template <typename T>
