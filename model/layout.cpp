@@ -81,6 +81,10 @@ int64_t ParamLayout::block_offset(int layer) const {
   return lowest;
 }
 
+int64_t ParamLayout::head_offset() const {
+  return std::min(find("ln_final.weight").offset, find("lm_head.weight").offset);
+}
+
 int64_t ParamLayout::padded_total(int world) const {
   TRAINER_CHECK(world >= 1, "world {}", world);
   return align_up(total_, kAlignElems * world);

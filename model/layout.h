@@ -48,6 +48,8 @@ class ParamLayout {
 
   // The lowest offset of block `layer`'s tensors: what forward announces before the block.
   int64_t block_offset(int layer) const;
+  // The lowest offset of ln_final and lm_head: what forward announces before the head.
+  int64_t head_offset() const;
 
   // Elements including alignment padding; multiples of kAlignElems.
   int64_t total() const { return total_; }

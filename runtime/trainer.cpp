@@ -38,6 +38,11 @@ namespace {
 
 std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
 
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
 BufferView host_view(std::vector<float>& v) {
   return BufferView{v.data(), static_cast<int64_t>(v.size()), DType::kF32, DeviceKind::kCpu};
 }
@@ -509,7 +514,7 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
 #endif
     // Global norm of the averaged gradient: each rank holds the whole of it, or (ZeRO-1) its shard.
     double sq = sum_squares(grads, replica_->stream());
-    if (shards_ && nranks_ > 1) sq = world_.sum(sq);
+    if (gather) sq = world_.sum(sq);
     grad_norm = std::sqrt(sq);
     const float clip = clip_scale(grad_norm, o_.clip);
     // ZeRO-1: part k of every rank's slice is all-gathered while part k+1 is updated, and the
@@ -764,7 +769,7 @@ TrainResult Run::execute(bool keep_params) {
         spdlog::error("--debug-stall-at-step {}: rank {} stops answering (failure test)", s, rank_);
         std::this_thread::sleep_for(std::chrono::hours(1));
       }
-      const auto launched = std::chrono::steady_clock::now();
+      const auto launched = Clock::now();
       PhaseTimes times;
       double norm = 0;
       const double loss = train_step(s, times, norm);
@@ -779,9 +784,7 @@ TrainResult Run::execute(bool keep_params) {
         ranks.push_back(t);
       }
       if (rank_ == 0) {
-        const std::chrono::duration<double, std::milli> wall =
-            std::chrono::steady_clock::now() - launched;
-        log_step(s, loss, norm, ranks, wall.count());
+        log_step(s, loss, norm, ranks, ms_since(launched));
         result.rank_times.push_back(ranks);
       }
       const bool last = s + 1 == o_.steps;
@@ -798,7 +801,6 @@ TrainResult Run::execute(bool keep_params) {
     }
     report_timing(result.rank_times, o_.timing_warmup);
   }
-  await_params(0, false);
   write_trace();
   if (keep_params) {
     result.params.assign(flat_, 0.0f);  // padding stays zero, as in the master weights
@@ -816,11 +818,10 @@ void Run::benchmark(TrainResult& result) {
   const int64_t warm = o_.warmup, n = o_.steps;
   std::vector<PhaseTimes> mine;
   std::vector<double> wall;  // host ms from one step's launch to the next's (timed steps)
-  auto launched = std::chrono::steady_clock::now();
+  auto launched = Clock::now();
   for (int64_t s = 0; s < warm + n; ++s) {
-    const auto now = std::chrono::steady_clock::now();
-    if (s > warm) wall.push_back(std::chrono::duration<double, std::milli>(now - launched).count());
-    launched = now;
+    if (s > warm) wall.push_back(ms_since(launched));
+    launched = Clock::now();
     timer_->begin(Phase::kStep);
     if (backward) replica_->zero_grads();
     forward_backward(s, backward, /*reduce=*/backward);
@@ -835,9 +836,7 @@ void Run::benchmark(TrainResult& result) {
     PhaseTimes t = collect_times(s, s + 1 == warm + n);
     if (s >= warm) mine.push_back(t);
   }
-  wall.push_back(
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - launched)
-          .count());
+  wall.push_back(ms_since(launched));
   const int64_t mem = memory_in_use(device_);
   // Per-rank times to rank 0.
   std::vector<std::vector<PhaseTimes>> all(n);

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -27,6 +26,7 @@
 #include "model/replica.h"
 #include "optim/adamw.h"
 #include "tests/catch.h"
+#include "tests/forward_announcements.h"
 
 using namespace trainer;
 
@@ -212,11 +212,7 @@ TEST_CASE("CUDA replica: forward announces each part of the parameters before re
     copy(gpu->params().slice(offset, n - offset), src->params().slice(offset, n - offset));
   });
   CHECK(gpu->take_loss() == expected);
-  REQUIRE(offsets.size() == static_cast<size_t>(c.n_layers + 2));
-  CHECK(offsets.front() == L.find("token_embeddings.weight").offset);
-  CHECK(offsets.back() == 0);
-  CHECK(std::adjacent_find(offsets.begin(), offsets.end(), std::less_equal<int64_t>()) ==
-        offsets.end());  // strictly decreasing
+  check_forward_announcements(L, c.n_layers, offsets);
 }
 
 TEST_CASE("CUDA replica: evaluate keeps the training loss separate", "[cuda][model]") {

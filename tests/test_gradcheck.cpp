@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "model/config.h"
@@ -15,6 +14,7 @@
 #include "model/layout.h"
 #include "model/replica.h"
 #include "tests/catch.h"
+#include "tests/forward_announcements.h"
 
 using namespace trainer;
 
@@ -228,11 +228,7 @@ TEST_CASE("forward announces each part of the parameters before reading it") {
     std::copy(p.begin() + offset, p.end(), r->params().as<float>() + offset);
   });
   CHECK(r->take_loss() == expected);
-  REQUIRE(offsets.size() == static_cast<size_t>(c.n_layers + 2));
-  CHECK(offsets.front() == L.find("token_embeddings.weight").offset);
-  CHECK(offsets.back() == 0);
-  CHECK(std::adjacent_find(offsets.begin(), offsets.end(), std::less_equal<int64_t>()) ==
-        offsets.end());  // strictly decreasing
+  check_forward_announcements(L, c.n_layers, offsets);
 }
 
 TEST_CASE("CpuReplica wraps the float model: loss averaging, evaluate, accumulation") {

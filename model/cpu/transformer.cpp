@@ -1,6 +1,5 @@
 #include "model/cpu/transformer.h"
 
-#include <algorithm>  // std::min
 #include <string>
 
 #include "core/error.h"
@@ -141,7 +140,7 @@ T CpuTransformer<T>::forward(const T* params, const int32_t* inputs, const int32
     linear_forward(a.g.data(), params + p.w2, x_out, n, f, d);
     add_into(x_out, a.h.data(), n * d);  // x' = h + ffn
   }
-  needs(std::min(off_lnf_, off_head_));
+  needs(layout_.head_offset());
   rmsnorm_forward(xf_.data(), params + off_lnf_, lnf_.data(), rstdf_.data(), n, d, eps);
   linear_forward(lnf_.data(), params + off_head_, logits_.data(), n, d, V);
   if (!targets) return T(0);

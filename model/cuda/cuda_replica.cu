@@ -641,7 +641,7 @@ void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training,
     linear_forward(a.g, P(p.w2), resid_[l + 1], d, n, f, d, a.h);  // x' = h + g W2^T
   }
   NvtxRange head_range("lm_head+loss");
-  needs(std::min(off_lnf_, off_head_));
+  needs(layout_.head_offset());
   rmsnorm_forward(resid_[L_], P(off_lnf_), lnf_, rstdf_, n, d, kRmsEps, s);
   linear_forward(lnf_, P(off_head_), logits_, Vp_, n, d, V_);
   if (training)
