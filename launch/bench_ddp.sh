@@ -19,7 +19,7 @@ warmup=${WARMUP:-5}
 steps=${STEPS:-15}
 plan=${PLAN:-$(dirname "$0")/plans/ddp.txt}
 [[ -r "$plan" ]] || { echo "bench_ddp.sh: cannot read plan $plan" >&2; exit 2; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+source "$(dirname "$0")/gpu_env.sh"
 common=(--benchmark --device cuda --model "$model" --batch "$batch" --ctx "$ctx" --warmup "$warmup"
         --steps "$steps" --mode train --csv "$csv" ${EXTRA_ARGS:-})
 while read -r line; do

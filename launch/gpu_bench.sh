@@ -6,8 +6,7 @@ build=${1:?usage: gpu_bench.sh BUILD_DIR OUT_DIR}
 out=${2:?usage: gpu_bench.sh BUILD_DIR OUT_DIR}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source "$(dirname "$0")/gpu_env.sh"
 "$root/launch/bench_sizes.sh" "$build" "$out/sizes.csv" "${MODELS:-small medium large xl 2.7B}" \
   "${CTXS:-128 256 512 1024}" 4
 "$root/launch/bench_sizes.sh" "$build" "$out/sizes.csv" small 1024 16

@@ -6,10 +6,8 @@ set -uo pipefail
 build=${1:?usage: gpu_check.sh BUILD_DIR OUT_DIR}
 out=${2:?usage: gpu_check.sh BUILD_DIR OUT_DIR}
 mkdir -p "$out"
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-if ldd "$build/trainer" | grep "not found"; then echo "missing libraries"; exit 1; fi
+source "$(dirname "$0")/gpu_env.sh"
+gpu_preflight "$build"
 passed=0 failed=0
 check() {  # check NAME TIMEOUT CMD...
   local name=$1 t=$2

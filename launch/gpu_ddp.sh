@@ -9,8 +9,7 @@ out=${2:?usage: gpu_ddp.sh BUILD_DIR OUT_DIR [DATA_DIR]}
 data=${3:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source "$(dirname "$0")/gpu_env.sh"
 "$root/launch/bench_ddp.sh" "$build" "$out/ddp.csv" xl 4 512
 python3 "$root/launch/bench_table.py" "$out/ddp.csv"
 for variant in "nccl 25" "ce 100"; do

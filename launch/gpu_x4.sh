@@ -8,10 +8,8 @@ build=${1:?usage: gpu_x4.sh BUILD_DIR OUT_DIR}
 out=${2:?usage: gpu_x4.sh BUILD_DIR OUT_DIR}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-if ldd "$build/trainer" | grep "not found"; then echo "missing libraries"; exit 1; fi
+source "$(dirname "$0")/gpu_env.sh"
+gpu_preflight "$build"
 echo "== 4-rank GPU equivalence and resume"
 timeout 400 mpirun --oversubscribe --bind-to none -np 4 "$build/tests/test_distributed_gpu" \
   > "$out/equivalence_np4.log" 2>&1
