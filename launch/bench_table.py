@@ -44,6 +44,8 @@ def main():
                 ddp += ", bf16 grads"
             if g("comm_sms") not in ("", "0"):
                 ddp += f", --comm-sms {g('comm_sms')}"
+            if g("gather_sms") not in ("", "0"):
+                ddp += f", --gather-sms {g('gather_sms')}"
             if g("nccl_env"):
                 ddp += ", " + g("nccl_env")
         if g("world") == "1":
