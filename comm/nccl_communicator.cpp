@@ -51,7 +51,6 @@ struct NcclCommunicator::Impl {
   NcclOptions opt;
   int rank = 0, world = 1;
   ncclComm_t comm = nullptr;
-  ncclComm_t gather_comm = nullptr;  // == comm unless --gather-sms splits off its own
   cudaStream_t compute = nullptr, stream = nullptr;
   cudaEvent_t origin = nullptr;
   void* staging = nullptr;                      // bf16 scratch for --grad-reduce bf16
@@ -104,12 +103,10 @@ struct NcclCommunicator::Impl {
     CUDA_CHECK(cudaSetDevice(opt.device));
     while (!stop.load()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      for (ncclComm_t c : {comm, gather_comm}) {
-        ncclResult_t async = ncclSuccess;
-        if (ncclCommGetAsyncError(c, &async) == ncclSuccess && async != ncclSuccess &&
-            async != ncclInProgress)
-          fail(fmt::format("asynchronous NCCL error: {}", ncclGetErrorString(async)));
-      }
+      ncclResult_t async = ncclSuccess;
+      if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess &&
+          async != ncclInProgress)
+        fail(fmt::format("asynchronous NCCL error: {}", ncclGetErrorString(async)));
       std::lock_guard<std::mutex> lock(mu);
       while (!in_flight.empty()) {
         const cudaError_t q = cudaEventQuery(in_flight.front().done);
@@ -133,7 +130,6 @@ struct NcclCommunicator::Impl {
   [[noreturn]] void fail(const std::string& why) {
     spdlog::critical("rank {}/{}: {}; aborting every rank", rank, world, why);
     spdlog::default_logger()->flush();
-    if (gather_comm != comm) ncclCommAbort(gather_comm);
     ncclCommAbort(comm);
     MPI_Abort(MPI_COMM_WORLD, 3);
     std::_Exit(3);
@@ -183,12 +179,6 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& boot, const NcclOption
   if (o.ctas > 0) config.minCTAs = config.maxCTAs = o.ctas;
   NCCL_CHECK(ncclCommInitRankConfig(&m.comm, m.world, id, m.rank, &config),
              "ncclCommInitRankConfig");
-  m.gather_comm = m.comm;
-  if (o.gather_ctas > 0) {
-    ncclConfig_t gather_config = NCCL_CONFIG_INITIALIZER;
-    gather_config.minCTAs = gather_config.maxCTAs = o.gather_ctas;
-    NCCL_CHECK(ncclCommSplit(m.comm, 0, m.rank, &m.gather_comm, &gather_config), "ncclCommSplit");
-  }
   // High priority: bucket collectives get scheduled between backward's kernels.
   int least = 0, greatest = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -209,7 +199,6 @@ NcclCommunicator::~NcclCommunicator() {
   m.peer_gather.reset();
   for (cudaEvent_t e : m.pool) cudaEventDestroy(e);
   if (m.staging) cudaFree(m.staging);
-  if (m.gather_comm != m.comm) ncclCommDestroy(m.gather_comm);
   ncclCommDestroy(m.comm);
   cudaStreamDestroy(m.stream);
 }
@@ -325,16 +314,16 @@ CommHandle NcclCommunicator::all_gather(BufferView buf, const std::vector<Range>
     const int64_t n = segments[0].size();
     NCCL_CHECK(
         ncclAllGather(base + segments[m.rank].begin * esize, base + segments[0].begin * esize, n,
-                      nccl_type(buf.dtype), m.gather_comm, m.stream),
+                      nccl_type(buf.dtype), m.comm, m.stream),
         "all_gather");
   } else {
     NCCL_CHECK(ncclGroupStart(), "group start");
     for (int r = 0; r < m.world; ++r) {
       char* at = base + segments[r].begin * esize;
       if (!segments[r].empty())
-        NCCL_CHECK(ncclBroadcast(at, at, segments[r].size(), nccl_type(buf.dtype), r, m.gather_comm,
-                                 m.stream),
-                   "broadcast");
+        NCCL_CHECK(
+            ncclBroadcast(at, at, segments[r].size(), nccl_type(buf.dtype), r, m.comm, m.stream),
+            "broadcast");
     }
     NCCL_CHECK(ncclGroupEnd(), "group end");
   }

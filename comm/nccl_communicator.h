@@ -36,9 +36,6 @@ struct NcclOptions {
   // CTAs (channels) per collective, NCCL's minCTAs = maxCTAs, and the cap on the copy-engine
   // path's sum kernel; 0 = NCCL (the kernel) decides.
   int ctas = 0;
-  // CTAs of the all-gathers (ZeRO-1's parameters, beside the next forward), on a second
-  // communicator split from the first; 0 = the all-gathers share the first communicator.
-  int gather_ctas = 0;
   double timeout_s = 300;
 };
 

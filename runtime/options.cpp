@@ -86,9 +86,6 @@ Options parse_options(int argc, char** argv) {
       "--comm-sms", o.comm_sms,
       "GPU: NCCL (or the copy-engine path's sum kernel) runs on this many CTAs and "
       "backward's GEMMs leave it that many SMs (0 = NCCL's default, GEMMs use every SM)");
-  app.add_option("--gather-sms", o.gather_sms,
-                 "GPU, --shard-optim: ZeRO-1's parameter all-gathers (which overlap the next "
-                 "forward) run on this many NCCL CTAs (0 = NCCL's default)");
   app.add_option("--comm-timeout", o.comm_timeout,
                  "seconds a GPU collective may take before every rank is stopped");
   app.add_option("--trace", o.trace,
@@ -148,10 +145,6 @@ void validate_options(const Options& o) {
         o.grad_reduce);
   if (o.comm_sms < 0 || o.comm_sms > 64)
     usage_error("--comm-sms must lie in [0, 64] (got {})", o.comm_sms);
-  if (o.gather_sms < 0 || o.gather_sms > 64)
-    usage_error("--gather-sms must lie in [0, 64] (got {})", o.gather_sms);
-  if (o.gather_sms != 0 && !o.shard_optim)
-    usage_error("--gather-sms {} sizes ZeRO-1's all-gathers: it needs --shard-optim", o.gather_sms);
   if (!(o.comm_timeout > 0))
     usage_error("--comm-timeout must be positive (got {})", o.comm_timeout);
   if (o.grad_reduce != "fp32" && o.grad_reduce != "bf16")
@@ -188,7 +181,7 @@ std::string settings_fingerprint(const Options& o) {
   s << "device=" << o.device << "\nprecision=" << o.precision << "\nattn=" << o.attention << "\n";
   s << "ddp=" << o.ddp << "\nbucket-mb=" << o.bucket_mb << "\nshard-optim=" << o.shard_optim
     << "\ngrad-reduce=" << o.grad_reduce << "\ncomm-sms=" << o.comm_sms
-    << "\ngather-sms=" << o.gather_sms << "\ngrad-transport=" << o.grad_transport << "\n";
+    << "\ngrad-transport=" << o.grad_transport << "\n";
   s << "benchmark=" << o.benchmark << "\nmode=" << o.bench_mode << "\n";
   return s.str();
 }

@@ -36,7 +36,6 @@ struct Options {
   int64_t timing_warmup = 5;
   std::string grad_transport = "nccl";  // nccl | ce (copy engines, 2 GPUs of one host)
   int comm_sms = 0;           // SMs reserved for NCCL while backward runs (0 = NCCL decides)
-  int gather_sms = 0;         // CTAs of ZeRO-1's NCCL all-gathers beside forward (0 = NCCL decides)
   double comm_timeout = 300;  // seconds a GPU collective may take before every rank is stopped
   std::string trace;          // Chrome-trace JSON of step phases and collectives
   double peak_tflops = 0;     // 0: by device and precision

@@ -63,7 +63,7 @@ constexpr const char* kCsvHeader =
     "time,model,d_model,d_ff,layers,heads,vocab,ctx,batch,grad_accum,world,device,precision,attn,"
     "ddp,bucket_mb,shard_optim,mode,warmup,steps,forward_ms,forward_std,backward_ms,backward_std,"
     "comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,step_median_ms,tokens_per_s,mfu,"
-    "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,gather_sms";
+    "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env";
 
 // A CSV that already has rows must have been written with the same columns.
 void check_csv_header(const std::string& path) {
@@ -258,13 +258,6 @@ void Run::setup() {
       usage_error("--grad-transport {} needs --device cuda", o_.grad_transport);
     if (device_ == DeviceKind::kCpu && o_.comm_sms != 0)
       usage_error("--comm-sms {} needs --device cuda", o_.comm_sms);
-    if (device_ == DeviceKind::kCpu && o_.gather_sms != 0)
-      usage_error("--gather-sms {} needs --device cuda", o_.gather_sms);
-    if (o_.grad_transport == "ce" && o_.gather_sms != 0)
-      usage_error(
-          "--gather-sms {}: with --grad-transport ce the all-gathers are copy-engine "
-          "copies, which use no SMs",
-          o_.gather_sms);
     if (!o_.benchmark) {
       train_.emplace(TokenFile::open(o_.data));
       train_->check_length(o_.config.ctx);
@@ -336,7 +329,6 @@ void Run::setup() {
         no.staging_elems = std::max(no.staging_elems, u.range.size());
     no.timeout_s = o_.comm_timeout;
     no.ctas = o_.comm_sms;
-    no.gather_ctas = o_.gather_sms;
     if (o_.grad_transport == "ce") {
       no.peer_copy = replica_->grads();
       if (shards_) no.peer_gather = replica_->params();  // ZeRO-1's all-gather too
@@ -914,14 +906,14 @@ void Run::benchmark(TrainResult& result) {
     const ModelConfig& c = o_.config;
     const std::string row = fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
-        "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{},"
-        "{}\n",
+        "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{}"
+        "\n",
         std::time(nullptr), o_.model, c.d_model, c.d_ff, c.n_layers, c.n_heads, c.vocab, c.ctx,
         o_.batch, o_.grad_accum, nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu",
         precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
         o_.bench_mode, warm, n, fw.mean, fw.std, bw.mean, bw.std, cm.mean, cm.std, op.mean, op.std,
         st.mean, st.std, med, tok_s, mfu, max_mem / 1073741824.0, o_.grad_reduce, o_.grad_transport,
-        o_.comm_sms, tc.mean, nccl_env, o_.gather_sms);
+        o_.comm_sms, tc.mean, nccl_env);
     append_csv_row(o_.csv, row);
   }
 }

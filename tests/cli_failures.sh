@@ -58,10 +58,6 @@ expect 2 "--grad-transport 'shm' is not nccl or ce" "$trainer" "${small[@]}" "${
 expect 2 "cannot be combined with --grad-reduce bf16" "$trainer" "${small[@]}" "${data[@]}" --grad-transport ce --grad-reduce bf16
 expect 2 "--comm-sms 8 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --comm-sms 8
 expect 2 "--comm-sms must lie in \\[0, 64\\]" "$trainer" "${small[@]}" "${data[@]}" --comm-sms -1
-expect 2 "--gather-sms 4 sizes ZeRO-1's all-gathers: it needs --shard-optim" "$trainer" "${small[@]}" \
-  "${data[@]}" --gather-sms 4
-expect 2 "--gather-sms 4 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --shard-optim \
-  --gather-sms 4
 expect 2 "--mode 'bogus'" "$trainer" "${small[@]}" --benchmark --mode bogus
 expect 2 "--bucket-mb must not be negative" "$trainer" "${small[@]}" "${data[@]}" --bucket-mb -1
 expect 2 "--trace .*cannot write" "$trainer" "${small[@]}" "${data[@]}" --trace "$tmp/afile/t.json"
