@@ -210,10 +210,12 @@ CommHandle NcclCommunicator::all_reduce_sum(BufferView buf) {
   Impl& m = *impl_;
   TRAINER_CHECK(buf.device == DeviceKind::kCuda, "NCCL all_reduce needs a device buffer");
   if (m.peer && m.peer->covers(buf)) {
-    // Rank 0 sums the first half (256-byte aligned), rank 1 the rest; each then copies the other.
-    const int64_t half = buf.count / 2 / 64 * 64;
+    // Rank r sums the r-th of world equal segments (256-byte aligned; the last takes the rest),
+    // then each copies the others' sums.
+    std::vector<int64_t> counts(m.world, buf.count / m.world / 64 * 64);
+    counts.back() = buf.count - (m.world - 1) * counts[0];
     m.begin(describe("all_reduce", buf) + " by copy engines");
-    m.peer->reduce(buf, half, /*gather=*/true, m.compute, m.stream);
+    m.peer->reduce(buf, counts, /*gather=*/true, m.compute, m.stream);
     return m.end();
   }
   const bool via_bf16 = m.opt.reduce_in_bf16 && buf.dtype == DType::kF32;
@@ -242,7 +244,7 @@ CommHandle NcclCommunicator::reduce_scatter_sum(BufferView buf,
                 m.world);
   if (m.peer && m.peer->covers(buf)) {
     m.begin(describe("reduce_scatter", buf) + " by copy engines");
-    m.peer->reduce(buf, counts[0], /*gather=*/false, m.compute, m.stream);
+    m.peer->reduce(buf, counts, /*gather=*/false, m.compute, m.stream);
     return m.end();
   }
   const bool via_bf16 = m.opt.reduce_in_bf16 && buf.dtype == DType::kF32;
@@ -296,7 +298,7 @@ CommHandle NcclCommunicator::all_gather(BufferView buf, const std::vector<Range>
   for (const Range& r : segments) gathered += r.size();
   if (m.peer_gather && m.peer_gather->covers(buf)) {
     m.begin(describe("all_gather", buf.slice(0, gathered)) + " by copy engines");
-    m.peer_gather->gather(buf, segments[1 - m.rank], m.compute, m.stream);
+    m.peer_gather->gather(buf, segments, m.compute, m.stream);
     return m.end();
   }
   m.begin(describe("all_gather", buf.slice(0, gathered)));

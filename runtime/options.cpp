@@ -81,7 +81,7 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--timing-warmup", o.timing_warmup, "steps left out of the final timing table");
   app.add_option("--grad-transport", o.grad_transport,
                  "nccl | ce: how GPU gradient sums move (ce: copy engines over NVLink, no SMs; "
-                 "2 ranks on one host)");
+                 "every rank on one host)");
   app.add_option(
       "--comm-sms", o.comm_sms,
       "GPU: NCCL (or the copy-engine path's sum kernel) runs on this many CTAs and "

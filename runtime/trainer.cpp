@@ -330,6 +330,12 @@ void Run::setup() {
     no.timeout_s = o_.comm_timeout;
     no.ctas = o_.comm_sms;
     if (o_.grad_transport == "ce") {
+      if (rank_ == 0 && nranks_ > 2)
+        spdlog::warn(
+            "--grad-transport ce on {} ranks: each rank sums its segment of every bucket from {} "
+            "peers' copies, which measured 1.3-1.8x slower steps than nccl on 4 H200s "
+            "(docs/performance.md); it pays off on 2 GPUs",
+            nranks_, nranks_ - 1);
       no.peer_copy = replica_->grads();
       if (shards_) no.peer_gather = replica_->params();  // ZeRO-1's all-gather too
     }

@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "comm/cuda/convert.h"
 #include "core/cuda_check.h"
 #include "core/device_buffer.h"
 #include "model/cpu/ops.h"
@@ -580,6 +581,31 @@ TEMPLATE_TEST_CASE("residual add and casts", "[cuda]", float, bf16) {
   Dev<float> z = poisoned<float>(n);
   cuda::cast(y.p(), z.p(), n, nullptr);
   CHECK(download(z) == quantized<bf16>(x));
+}
+
+// The copy-engine path's sum (--grad-transport ce): dst += src[0] + ... + src[k-1], left to
+// right, bit for bit, for every number of peers; the misaligned start takes the scalar path.
+TEST_CASE("peer sum adds its sources left to right", "[cuda]") {
+  const int64_t n = 1027;
+  const std::vector<float> dst = randn(n, 1.0f, 61);
+  std::vector<std::vector<float>> src;
+  std::vector<Dev<float>> src_d;
+  for (int k = 0; k < cuda::kMaxAddSources; ++k) {
+    src.push_back(randn(n, 1.0f, 62 + k));
+    src_d.push_back(upload<float>(src.back()));
+  }
+  for (int count : {1, 3, cuda::kMaxAddSources})
+    for (int64_t skip : {0, 1}) {
+      Dev<float> d = upload<float>(dst);
+      const float* ptr[cuda::kMaxAddSources];
+      for (int k = 0; k < count; ++k) ptr[k] = src_d[k].p() + skip;
+      cuda::add_f32(d.p() + skip, ptr, count, n - skip, nullptr);
+      std::vector<float> ref = dst;
+      for (int64_t i = skip; i < n; ++i)
+        for (int k = 0; k < count; ++k) ref[i] += src[k][i];
+      INFO(count << " sources, first element " << skip);
+      CHECK(download(d) == ref);
+    }
 }
 
 // ------------------------------------------------------------------------------------------------

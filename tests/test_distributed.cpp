@@ -128,10 +128,10 @@ TEST_CASE("every strategy, sharded or not, with or without grad-accum, equals on
   REQUIRE(ref.losses.size() == kSteps);
   REQUIRE(ref.losses.back() < ref.losses.front());  // it learns
 
-  // Two GPUs also sum gradients with copy engines (--grad-transport ce, two ranks only).
+  // On GPUs, gradients are also summed with copy engines (--grad-transport ce: ranks on one host).
   std::vector<std::string> transports = {"nccl"};
 #ifdef TEST_ON_GPU
-  if (w == 2) transports.push_back("ce");
+  if (w > 1) transports.push_back("ce");
 #endif
   for (const std::string& transport : transports)
     for (const char* ddp : {"none", "naive", "flat", "overlap", "bucketed"}) {

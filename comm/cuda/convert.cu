@@ -2,6 +2,7 @@
 
 #include "comm/cuda/convert.h"
 #include "core/cuda_check.h"
+#include "core/error.h"
 
 namespace trainer::cuda {
 namespace {
@@ -22,22 +23,36 @@ __global__ void bf16_to_f32_kernel(const __nv_bfloat16* __restrict__ x, float* _
     y[i] = __bfloat162float(x[i]);
 }
 
-// y += x; float4 where both are 16-byte aligned (the flat gradient buffer's tensors start on
+// y += x[0] + x[1] + ... (left to right, so every rank that sums the same inputs gets the same
+// bits); float4 where all are 16-byte aligned (the flat gradient buffer's tensors start on
 // 256-byte boundaries), scalars otherwise.
-__global__ void add_f32_kernel(float* __restrict__ y, const float* __restrict__ x, int64_t n) {
+struct Sources {
+  const float* x[kMaxAddSources];
+  int count;
+};
+
+__global__ void add_f32_kernel(float* __restrict__ y, const Sources src, int64_t n) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) & 15) == 0) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(y);
+  for (int k = 0; k < src.count; ++k) address |= reinterpret_cast<uintptr_t>(src.x[k]);
+  if ((address & 15) == 0) {
     const int64_t n4 = n / 4;
     for (int64_t j = i; j < n4; j += stride) {
       float4 a = reinterpret_cast<float4*>(y)[j];
-      const float4 b = reinterpret_cast<const float4*>(x)[j];
-      a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+      for (int k = 0; k < src.count; ++k) {
+        const float4 b = reinterpret_cast<const float4*>(src.x[k])[j];
+        a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+      }
       reinterpret_cast<float4*>(y)[j] = a;
     }
     i += n4 * 4;  // the < 4 tail elements go to the first threads
   }
-  for (; i < n; i += stride) y[i] += x[i];
+  for (; i < n; i += stride) {
+    float a = y[i];
+    for (int k = 0; k < src.count; ++k) a += src.x[k][i];
+    y[i] = a;
+  }
 }
 
 unsigned blocks_for(int64_t n) {
@@ -61,12 +76,17 @@ void bf16_to_f32(const void* src, float* dst, int64_t n, void* stream) {
   CUDA_CHECK_LAUNCH("bf16_to_f32_kernel");
 }
 
-void add_f32(float* dst, const float* src, int64_t n, void* stream, int max_ctas) {
-  if (n == 0) return;
+void add_f32(float* dst, const float* const* src, int count, int64_t n, void* stream,
+             int max_ctas) {
+  if (n == 0 || count == 0) return;
+  TRAINER_CHECK(count <= kMaxAddSources, "add_f32: {} sources, at most {}", count, kMaxAddSources);
+  Sources s{};
+  for (int k = 0; k < count; ++k) s.x[k] = src[k];
+  s.count = count;
   const int64_t cap = max_ctas > 0 ? max_ctas : 264;
   const int64_t b = (n / 4 + 255) / 256;
   const unsigned blocks = static_cast<unsigned>(b < cap ? (b > 0 ? b : 1) : cap);
-  add_f32_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(dst, src, n);
+  add_f32_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(dst, s, n);
   CUDA_CHECK_LAUNCH("add_f32_kernel");
 }
 
