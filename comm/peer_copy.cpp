@@ -82,7 +82,7 @@ struct PeerCopy::Impl {
     if (r != CUDA_SUCCESS) runtime_error("{} failed (CUresult {})", what, static_cast<int>(r));
   }
 
-  // The lanes start after everything queued on `comm`; `fn(lane)` queues work on them; `comm` then
+  // The lanes start after everything queued on `comm`; `fn()` queues work on them; `comm` then
   // waits for all of them. Events are reused: a wait binds to the record that precedes it.
   template <class Fn>
   void on_lanes(cudaStream_t comm, Fn fn) {
