@@ -23,6 +23,11 @@ using GradReadyFn = std::function<void(int index)>;
 // decreasing order, once per block and once each for the embedding and the head: everything from
 // `offset` to the end must then be current. (ZeRO-1 lets its all-gathers finish meanwhile.)
 using ParamsNeededFn = std::function<void(int64_t offset)>;
+// Forward's announcement: tells `need`, when there is one, that parameters from `offset` on are
+// about to be read.
+inline void announce(const ParamsNeededFn& need, int64_t offset) {
+  if (need) need(offset);
+}
 
 enum class Precision { kFp32, kTf32, kBf16 };
 

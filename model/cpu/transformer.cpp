@@ -111,15 +111,12 @@ T CpuTransformer<T>::forward(const T* params, const int32_t* inputs, const int32
   if (targets) std::copy_n(targets, n, targets_.data());
 
   const T eps = T(kRmsEps), theta = T(kRopeTheta);
-  auto needs = [&](int64_t offset) {
-    if (need) need(offset);
-  };
-  needs(off_emb_);
+  announce(need, off_emb_);
   embedding_forward(inputs, params + off_emb_, acts_[0].x.data(), n, d);  // validate(): >= 1 block
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const BlockParams& p = blocks_[l];
     BlockActs& a = acts_[l];
-    needs(layout_.block_offset(static_cast<int>(l)));
+    announce(need, layout_.block_offset(static_cast<int>(l)));
     T* x_out = l + 1 < blocks_.size() ? acts_[l + 1].x.data() : xf_.data();
     // Attention half.
     rmsnorm_forward(a.x.data(), params + p.ln1, a.ln1.data(), a.rstd1.data(), n, d, eps);
@@ -140,7 +137,7 @@ T CpuTransformer<T>::forward(const T* params, const int32_t* inputs, const int32
     linear_forward(a.g.data(), params + p.w2, x_out, n, f, d);
     add_into(x_out, a.h.data(), n * d);  // x' = h + ffn
   }
-  needs(layout_.head_offset());
+  announce(need, layout_.head_offset());
   rmsnorm_forward(xf_.data(), params + off_lnf_, lnf_.data(), rstdf_.data(), n, d, eps);
   linear_forward(lnf_.data(), params + off_head_, logits_.data(), n, d, V);
   if (!targets) return T(0);

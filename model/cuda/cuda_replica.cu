@@ -612,17 +612,14 @@ void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training,
   const int32_t* targets = tokens_ + n;
   cudaStream_t s = stream_.s;
   const QkvLayout qkv_layout = flash_ ? QkvLayout::kTokenMajor : QkvLayout::kHeadMajor;
-  auto needs = [&](int64_t offset) {
-    if (need) need(offset);
-  };
   NvtxRange range("forward");
-  needs(off_emb_);
+  announce(need, off_emb_);
   embedding_forward(ids, P(off_emb_), resid_[0], n, d, s);
   for (int64_t l = 0; l < L_; ++l) {
     NvtxRange layer_range(fwd_names_[l].c_str());
     const BlockParams& p = blocks_[l];
     BlockActs& a = acts_[l];
-    needs(p.first);
+    announce(need, p.first);
     // Attention half.
     rmsnorm_forward(resid_[l], P(p.ln1), a.ln1, a.rstd1, n, d, kRmsEps, s);
     group_forward(p.vkq, a.ln1, vkq_, n);
@@ -641,7 +638,7 @@ void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training,
     linear_forward(a.g, P(p.w2), resid_[l + 1], d, n, f, d, a.h);  // x' = h + g W2^T
   }
   NvtxRange head_range("lm_head+loss");
-  needs(layout_.head_offset());
+  announce(need, layout_.head_offset());
   rmsnorm_forward(resid_[L_], P(off_lnf_), lnf_, rstdf_, n, d, kRmsEps, s);
   linear_forward(lnf_, P(off_head_), logits_, Vp_, n, d, V_);
   if (training)
