@@ -13,29 +13,11 @@
 #include "core/error.h"
 #include "runtime/data.h"
 #include "tests/catch.h"
+#include "tests/scratch_files.h"
 
 using namespace trainer;
 
 namespace {
-
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base ? base : "/tmp") + "/trainer_test_data.XXXXXX";
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(f.good());
-}
 
 std::string u16_bytes(const std::vector<uint16_t>& v) {
   std::string s(v.size() * 2, '\0');

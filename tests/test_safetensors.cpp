@@ -15,33 +15,11 @@
 #include "core/error.h"
 #include "runtime/safetensors.h"
 #include "tests/catch.h"
+#include "tests/scratch_files.h"
 
 using namespace trainer;
 
 namespace {
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base ? base : "/tmp") + "/trainer_test_st.XXXXXX";
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
-
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(f.good());
-}
 
 uint64_t header_len(const std::string& file) {
   uint64_t n = 0;
