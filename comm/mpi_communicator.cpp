@@ -230,11 +230,14 @@ std::vector<std::string> MpiCommunicator::gather_strings_to_root(const std::stri
   return out;
 }
 
+int lowest_rank_where(const MpiCommunicator& comm, bool mine) {
+  return static_cast<int>(-comm.max(mine ? int64_t{-comm.rank()} : int64_t{-comm.world()}));
+}
+
 void agree_on_error_message(const MpiCommunicator& comm, const std::string& my_error) {
-  const int64_t first_bad =
-      -comm.max(my_error.empty() ? int64_t{-comm.world()} : int64_t{-comm.rank()});
+  const int first_bad = lowest_rank_where(comm, !my_error.empty());
   if (first_bad >= comm.world()) return;  // nobody failed
-  const std::string msg = comm.broadcast_string(my_error, static_cast<int>(first_bad));
+  const std::string msg = comm.broadcast_string(my_error, first_bad);
   if (!my_error.empty()) throw AgreedUsageError(my_error);
   throw AgreedUsageError(fmt::format("rank {}: {}", first_bad, msg));
 }

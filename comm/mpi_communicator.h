@@ -61,6 +61,8 @@ inline int local_rank_of(MPI_Comm comm) { return node_ranks_of(comm).rank; }
 template <typename F>
 void agree_on_usage_errors(const MpiCommunicator& comm, F&& check);
 void agree_on_error_message(const MpiCommunicator& comm, const std::string& my_error);
+// The lowest rank for which `mine` is true, or comm.world() when it is true nowhere (a collective).
+int lowest_rank_where(const MpiCommunicator& comm, bool mine);
 
 template <typename F>
 void agree_on_usage_errors(const MpiCommunicator& comm, F&& check) {

@@ -102,19 +102,37 @@ int cuda_device_count() {
 
 bool cuda_available() { return cuda_device_count() > 0; }
 
+namespace {
+// The device's properties, or false (and the CUDA error cleared) for an invalid index.
+#ifdef TRAINER_WITH_CUDA
+bool device_properties(int device, cudaDeviceProp* p) {
+  if (cudaGetDeviceProperties(p, device) == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+#endif
+}  // namespace
+
 std::string cuda_device_uuid(int device) {
   std::string hex;
 #ifdef TRAINER_WITH_CUDA
   cudaDeviceProp p{};
-  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) {
-    cudaGetLastError();
-    return hex;
-  }
+  if (!device_properties(device, &p)) return hex;
   for (char c : p.uuid.bytes) hex += fmt::format("{:02x}", static_cast<unsigned char>(c));
 #else
   (void)device;
 #endif
   return hex;
+}
+
+std::string cuda_device_name(int device) {
+#ifdef TRAINER_WITH_CUDA
+  cudaDeviceProp p{};
+  if (device_properties(device, &p)) return p.name;
+#else
+  (void)device;
+#endif
+  return "";
 }
 
 int64_t memory_in_use(DeviceKind device) {

@@ -44,6 +44,8 @@ int cuda_device_count();
 // The device's UUID as hex (the same GPU gives the same string in every process, whatever
 // CUDA_VISIBLE_DEVICES numbers it); "" without the CUDA backend or for an invalid index.
 std::string cuda_device_uuid(int device);
+// The device's marketing name ("NVIDIA H200"); "" without the CUDA backend or for an invalid index.
+std::string cuda_device_name(int device);
 // Memory in use: on CUDA the device's used bytes (total - free, as cudaMemGetInfo sees it); on
 // the CPU the process's peak resident set.
 int64_t memory_in_use(DeviceKind device);

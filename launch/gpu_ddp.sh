@@ -25,7 +25,7 @@ done
 echo "== PyTorch loads a GPU-trained checkpoint"
 "$build/trainer" --precision fp32 --d-model 64 --d-ff 160 --layers 2 --heads 4 --vocab 256 \
   --ctx 64 --batch 4 --steps 50 --lr 3e-3 --data "$data/fortunes_train.npy" \
-  --val-data "$data/fortunes_val.npy" --eval-batches 2 --out /tmp/tl > /tmp/tl.log 2>&1
+  --val-data "$data/fortunes_val.npy" --eval-batches 2 --out /tmp/tl --overwrite > /tmp/tl.log 2>&1
 val=$(grep -o '"val_loss":[0-9.e+-]*' /tmp/tl/metrics.jsonl | tail -1 | cut -d: -f2)
 python3 "$root/launch/torch_load_check.py" /tmp/tl/model.safetensors "$data/fortunes_val.npy" \
   --vocab 256 --d-model 64 --d-ff 160 --layers 2 --heads 4 --ctx 64 --rows 4 --batches 2 --expect "$val"

@@ -49,6 +49,13 @@ void validate(const ModelConfig& c) {
   if (c.n_layers <= 0) usage_error("--layers must be positive (got {})", c.n_layers);
   if (c.n_heads <= 0) usage_error("--heads must be positive (got {})", c.n_heads);
   if (c.ctx <= 0) usage_error("--ctx must be positive (got {})", c.ctx);
+  // Far beyond any model this runtime trains, and small enough that the counts below cannot
+  // overflow: 2^40 parameters is 4 TiB of fp32 weights.
+  if (c.d_model > (1 << 20) || c.d_ff > (1 << 22) || c.n_layers > (1 << 14))
+    usage_error("--d-model {} / --d-ff {} / --layers {} exceed the limits 2^20 / 2^22 / 2^14",
+                c.d_model, c.d_ff, c.n_layers);
+  if (param_count(c) > (int64_t{1} << 40))
+    usage_error("the model would have {:.3g} parameters, more than 2^40", double(param_count(c)));
   if (c.d_model % c.n_heads != 0)
     usage_error("--heads {} does not divide --d-model {}", c.n_heads, c.d_model);
   if (c.head_dim() % 2 != 0)
@@ -69,6 +76,32 @@ int64_t param_count(const ModelConfig& c) {
 double flops_per_token(const ModelConfig& c, int64_t ctx) {
   return 6.0 * static_cast<double>(matmul_param_count(c)) +
          6.0 * static_cast<double>(c.n_layers * c.d_model * ctx);
+}
+
+double peak_tflops(const std::string& gpu_name, Precision p) {
+  struct Peak {
+    const char* name_part;
+    double bf16, tf32, fp32;
+  };
+  // Most specific names first: "H100 PCIe" and "H100 NVL" also contain "H100"; "H200" matches
+  // the GH200 too.
+  static const Peak kPeaks[] = {{"H100 PCIe", 756, 378, 51},
+                                {"H100 NVL", 835, 418, 60},
+                                {"H100", 989, 494, 67},
+                                {"H200", 989, 494, 67},
+                                {"A100", 312, 156, 19.5}};
+  for (const Peak& k : kPeaks) {
+    if (gpu_name.find(k.name_part) == std::string::npos) continue;
+    switch (p) {
+      case Precision::kBf16:
+        return k.bf16;
+      case Precision::kTf32:
+        return k.tf32;
+      case Precision::kFp32:
+        return k.fp32;
+    }
+  }
+  return 0;
 }
 
 std::string describe(const ModelConfig& c) {

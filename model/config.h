@@ -36,6 +36,13 @@ int64_t matmul_param_count(const ModelConfig& c);
 // Training FLOPs per token as ANCHORS.md counts them: 6 * matmul params + 6 * layers * d * ctx.
 double flops_per_token(const ModelConfig& c, int64_t ctx);
 
+enum class Precision { kFp32, kTf32, kBf16 };
+
+// Dense peak TFLOP/s of one GPU at this precision (the datasheet's figure without sparsity), for
+// MFU: found by the CUDA device name for the H100 / H200 / GH200 (SXM), H100 PCIe and NVL, and
+// A100; 0 for any other name.
+double peak_tflops(const std::string& gpu_name, Precision p);
+
 std::string describe(const ModelConfig& c);
 
 }  // namespace trainer

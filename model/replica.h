@@ -29,8 +29,6 @@ inline void announce(const ParamsNeededFn& need, int64_t offset) {
   if (need) need(offset);
 }
 
-enum class Precision { kFp32, kTf32, kBf16 };
-
 struct ReplicaOptions {
   int64_t max_batch = 1;   // sequences per micro-batch the buffers are sized for
   int64_t flat_elems = 0;  // size of the flat buffers (>= layout.total(); padding for shards)
@@ -82,6 +80,9 @@ class Replica {
 
   // Bytes of activation memory held for the configured max batch and ctx.
   virtual int64_t activation_bytes() const = 0;
+  // Which attention implementation forward and backward use, and why when it is not the one
+  // asked for (for the start-up log).
+  virtual std::string attention_kernel() const = 0;
 
   // Makes the host wait for all work queued on this replica's device (no-op on the CPU).
   virtual void synchronize() {}

@@ -50,10 +50,11 @@ void validate(const AdamWConfig& cfg) {
     usage_error("--beta1 must lie in [0, 1), got {}", cfg.beta1);
   if (!(cfg.beta2 >= 0 && cfg.beta2 < 1))
     usage_error("--beta2 must lie in [0, 1), got {}", cfg.beta2);
-  if (!std::isfinite(cfg.eps) || cfg.eps < 0)
-    usage_error("--eps must be a finite number >= 0, got {}", cfg.eps);
+  // eps = 0 would turn 0 / 0 into NaN for every parameter whose gradient has been zero so far.
+  if (!std::isfinite(cfg.eps) || cfg.eps <= 0)
+    usage_error("--eps must be a finite number > 0, got {}", cfg.eps);
   if (!std::isfinite(cfg.weight_decay) || cfg.weight_decay < 0)
-    usage_error("--weight-decay must be a finite number >= 0, got {}", cfg.weight_decay);
+    usage_error("--wd must be a finite number >= 0, got {}", cfg.weight_decay);
 }
 
 AdamW::AdamW(DeviceKind device, int64_t count, AdamWConfig cfg)

@@ -16,8 +16,8 @@ struct AdamWConfig {
   double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
 };
 
-// Throws UsageError naming the flag (--lr, --beta1, --beta2, --eps, --weight-decay) of a value out
-// of range: lr, eps, weight_decay finite and >= 0; betas in [0, 1).
+// Throws UsageError naming the flag (--lr, --beta1, --beta2, --eps, --wd) of a value out of
+// range: lr and weight_decay finite and >= 0, eps finite and > 0, betas in [0, 1).
 void validate(const AdamWConfig& cfg);
 
 // The AdamW state of one contiguous range of the flat parameter buffer, on the device the buffers

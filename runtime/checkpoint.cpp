@@ -27,6 +27,8 @@ struct Output {
 
 // Streams the named tensors of each state into every output, tensor by tensor in SPEC order (with
 // the state's prefix before the names). Runs the sources on every rank; writes only with `write`.
+// The sources may be collectives, so a failed write stops the writing but not the sources: every
+// rank gets through them, and the writer then throws the first error.
 void stream_tensors(const std::vector<Output>& outputs, const ParamLayout& L,
                     const std::vector<std::pair<std::string, const TensorSource*>>& states,
                     bool write) {
@@ -39,16 +41,33 @@ void stream_tensors(const std::vector<Output>& outputs, const ParamLayout& L,
     }
   std::deque<SafetensorsStream> files;  // not movable: a deque builds them in place
   std::vector<float> buf;
+  std::string failure;
+  auto attempt = [&](const auto& io) {
+    if (!failure.empty()) return;
+    try {
+      io();
+    } catch (const std::exception& e) {
+      failure = e.what();
+      files.clear();  // abandons the temporary files
+    }
+  };
   if (write) {
-    for (const Output& o : outputs) files.emplace_back(o.path, decls, o.metadata);
     buf.resize(largest);
+    attempt([&] {
+      for (const Output& o : outputs) files.emplace_back(o.path, decls, o.metadata);
+    });
   }
   for (const auto& [prefix, source] : states)
     for (const ParamTensor* t : L.spec_order()) {
       (*source)(*t, write ? buf.data() : nullptr);
-      for (SafetensorsStream& f : files) f.append(buf.data(), t->numel * sizeof(float));
+      attempt([&] {
+        for (SafetensorsStream& f : files) f.append(buf.data(), t->numel * sizeof(float));
+      });
     }
-  for (SafetensorsStream& f : files) f.commit();
+  attempt([&] {
+    for (SafetensorsStream& f : files) f.commit();
+  });
+  if (!failure.empty()) usage_error("{}", failure);
 }
 
 // model.safetensors' metadata: "format": "pt" is what safetensors.torch writes (harmless for other
@@ -86,15 +105,55 @@ nlohmann::json config_to_json(const ModelConfig& c) {
 }
 
 ModelConfig config_from_json(const nlohmann::json& j) {
+  auto dim = [&](const char* key) -> int64_t {
+    const nlohmann::json& v = j.at(key);
+    if (!v.is_number_integer())
+      throw std::invalid_argument(fmt::format("config '{}' is {}, not an integer", key, v.dump()));
+    return v.get<int64_t>();
+  };
   ModelConfig c;
-  c.vocab = j.at("vocab");
-  c.d_model = j.at("d_model");
-  c.d_ff = j.at("d_ff");
-  c.n_layers = j.at("n_layers");
-  c.n_heads = j.at("n_heads");
-  c.ctx = j.at("ctx");
+  c.vocab = dim("vocab");
+  c.d_model = dim("d_model");
+  c.d_ff = dim("d_ff");
+  c.n_layers = dim("n_layers");
+  c.n_heads = dim("n_heads");
+  c.ctx = dim("ctx");
   return c;
 }
+
+namespace {
+
+// Throws UsageError naming `what` and the first model dimension in which `saved` (a config as
+// config_to_json writes it) differs from `expected`.
+void check_config(const std::string& what, const std::string& saved_json,
+                  const ModelConfig& expected) {
+  ModelConfig saved;
+  try {
+    saved = config_from_json(nlohmann::json::parse(saved_json));
+  } catch (const std::exception& e) {
+    usage_error("{}: unreadable model config in the metadata: {}", what, e.what());
+  }
+  const std::pair<const char*, std::pair<int64_t, int64_t>> dims[] = {
+      {"--vocab", {saved.vocab, expected.vocab}},
+      {"--d-model", {saved.d_model, expected.d_model}},
+      {"--d-ff", {saved.d_ff, expected.d_ff}},
+      {"--layers", {saved.n_layers, expected.n_layers}},
+      {"--heads", {saved.n_heads, expected.n_heads}}};
+  for (const auto& [flag, v] : dims)
+    if (v.first != v.second)
+      usage_error("{} has {} {} but this run has {}", what, flag, v.first, v.second);
+}
+
+// The step in a file's metadata: digits only, from 0 to 2^40.
+int64_t parse_step(const std::string& path, const std::string& text) {
+  const bool digits = !text.empty() && text.size() <= 13 &&
+                      text.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits || std::stoll(text) > (int64_t{1} << 40))
+    usage_error("{}: unreadable step '{}' in the metadata", path, text);
+  return std::stoll(text);
+}
+
+}  // namespace
 
 void save_model(const std::string& path, const ParamLayout& L, const float* flat,
                 const nlohmann::json& meta) {
@@ -102,8 +161,24 @@ void save_model(const std::string& path, const ParamLayout& L, const float* flat
   stream_tensors({{path, model_metadata(meta)}}, L, {{"", &params}}, true);
 }
 
-void load_model(const std::string& path, const ParamLayout& L, float* flat) {
-  read_tensors(SafetensorsReader::open(path), L, "", flat, {0, L.padded_total(1)});
+void load_model(const std::string& path, const ParamLayout& L, const ModelConfig& expected,
+                float* flat) {
+  const SafetensorsReader r = SafetensorsReader::open(path);
+  // Our files say which model they hold; a file from elsewhere is checked by names and shapes.
+  const auto& md = r.metadata();
+  if (auto it = md.find("config"); it != md.end()) check_config(path, it->second, expected);
+  for (const std::string& name : r.names()) {
+    bool known = true;
+    try {
+      L.index_of(name);
+    } catch (const UsageError&) {
+      known = false;
+    }
+    if (!known)
+      usage_error("{} holds tensor '{}', which this model does not have (a different model?)", path,
+                  name);
+  }
+  read_tensors(r, L, "", flat, {0, L.padded_total(1)});
 }
 
 void save_checkpoint(const std::string& dir, const ParamLayout& L, const TensorSource& params,
@@ -117,16 +192,23 @@ void save_checkpoint(const std::string& dir, const ParamLayout& L, const TensorS
     if (!fs::create_directories(tmp_dir, ec) && ec)
       usage_error("cannot create checkpoint directory {}: {}", tmp_dir.string(), ec.message());
   }
-  std::vector<Output> weights = {{(tmp_dir / "model.safetensors").string(), model_metadata({})}};
-  if (!final_weights.empty())
-    weights.push_back({final_weights, model_metadata({{"step", std::to_string(meta.step)}})});
-  stream_tensors(weights, L, {{"", &params}}, write);
-  stream_tensors({{(tmp_dir / "optimizer.safetensors").string(),
-                   {{"format", kFormat},
-                    {"step", std::to_string(meta.step)},
-                    {"config", meta.config.dump()},
-                    {"run", meta.run.dump()}}}},
-                 L, {{"exp_avg.", &exp_avg}, {"exp_avg_sq.", &exp_avg_sq}}, write);
+  const nlohmann::json model_meta = {{"step", std::to_string(meta.step)},
+                                     {"config", meta.config.dump()}};
+  std::vector<Output> weights = {
+      {(tmp_dir / "model.safetensors").string(), model_metadata(model_meta)}};
+  if (!final_weights.empty()) weights.push_back({final_weights, model_metadata(model_meta)});
+  try {
+    stream_tensors(weights, L, {{"", &params}}, write);
+    stream_tensors({{(tmp_dir / "optimizer.safetensors").string(),
+                     {{"format", kFormat},
+                      {"step", std::to_string(meta.step)},
+                      {"config", meta.config.dump()},
+                      {"run", meta.run.dump()}}}},
+                   L, {{"exp_avg.", &exp_avg}, {"exp_avg_sq.", &exp_avg_sq}}, write);
+  } catch (const UsageError&) {
+    if (write) fs::remove_all(tmp_dir, ec);  // no half-written directory left behind
+    throw;
+  }
   if (!write) return;
 
   // Swap the complete directory into place; an older one of the same name is removed after.
@@ -166,26 +248,24 @@ CheckpointMeta load_checkpoint(const std::string& dir, const ParamLayout& L,
   if (field("format") != kFormat)
     usage_error("{}: format '{}' is not {}", opt_path, field("format"), kFormat);
   CheckpointMeta meta;
+  meta.step = parse_step(opt_path, field("step"));
+  check_config(opt_path, field("config"), expected);
   try {
-    meta.step = std::stoll(field("step"));
     meta.config = nlohmann::json::parse(field("config"));
     meta.run = nlohmann::json::parse(field("run"));
-    const ModelConfig saved = config_from_json(meta.config);
-    const std::pair<const char*, std::pair<int64_t, int64_t>> dims[] = {
-        {"--vocab", {saved.vocab, expected.vocab}},
-        {"--d-model", {saved.d_model, expected.d_model}},
-        {"--d-ff", {saved.d_ff, expected.d_ff}},
-        {"--layers", {saved.n_layers, expected.n_layers}},
-        {"--heads", {saved.n_heads, expected.n_heads}}};
-    for (const auto& [flag, v] : dims)
-      if (v.first != v.second)
-        usage_error("checkpoint {} has {} {} but this run has {}", dir, flag, v.first, v.second);
   } catch (const nlohmann::json::exception& e) {
     usage_error("{}: unreadable metadata: {}", opt_path, e.what());
-  } catch (const std::logic_error& e) {  // stoll
-    usage_error("{}: unreadable step '{}'", opt_path, field("step"));
   }
-  if (params) load_model(model_path, L, params);
+  if (!meta.run.is_object()) usage_error("{}: metadata 'run' is not a JSON object", opt_path);
+  // Both files of one save carry its step: a model file from another save is refused.
+  const SafetensorsReader model = SafetensorsReader::open(model_path);
+  if (auto it = model.metadata().find("step"); it != model.metadata().end()) {
+    const int64_t model_step = parse_step(model_path, it->second);
+    if (model_step != meta.step)
+      usage_error("checkpoint {} mixes two saves: {} is from step {}, {} from step {}", dir,
+                  model_path, model_step, opt_path, meta.step);
+  }
+  if (params) load_model(model_path, L, expected, params);
   const Range range = moments.value_or(Range{0, L.padded_total(1)});
   if (exp_avg) read_tensors(opt, L, "exp_avg.", exp_avg, range);
   if (exp_avg_sq) read_tensors(opt, L, "exp_avg_sq.", exp_avg_sq, range);

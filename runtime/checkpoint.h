@@ -28,9 +28,11 @@ using TensorSource = std::function<void(const ParamTensor& t, float* out)>;
 // Writes model.safetensors at `path` (atomic) from a flat fp32 buffer.
 void save_model(const std::string& path, const ParamLayout& L, const float* flat,
                 const nlohmann::json& meta = {});
-// Reads model.safetensors into a flat fp32 buffer (padding left untouched). Missing tensors,
-// wrong shapes or dtypes throw UsageError naming the file and tensor.
-void load_model(const std::string& path, const ParamLayout& L, float* flat);
+// Reads model.safetensors into a flat fp32 buffer (padding left untouched). Missing or unknown
+// tensors, wrong shapes or dtypes, and a model config in the metadata that differs from
+// `expected` (our files carry one; PyTorch's do not) throw UsageError naming the file and tensor.
+void load_model(const std::string& path, const ParamLayout& L, const ModelConfig& expected,
+                float* flat);
 
 struct CheckpointMeta {
   int64_t step = 0;       // optimizer steps completed
@@ -42,8 +44,10 @@ nlohmann::json config_to_json(const ModelConfig& c);
 ModelConfig config_from_json(const nlohmann::json& j);
 
 // Writes DIR (e.g. out/step_100) with model.safetensors and optimizer.safetensors, atomically
-// (see TensorSource for `write`). With `final_weights`, the weights also go to that path (a
-// model.safetensors whose metadata holds the step), from the same pass over the tensors.
+// (see TensorSource for `write`; a failed write throws UsageError on the writer once every rank
+// has been through the sources, and leaves no partial directory). With `final_weights`, the
+// weights also go to that path, from the same pass over the tensors. Both model files' metadata
+// hold the step and the model config.
 void save_checkpoint(const std::string& dir, const ParamLayout& L, const TensorSource& params,
                      const TensorSource& exp_avg, const TensorSource& exp_avg_sq,
                      const CheckpointMeta& meta, bool write = true,

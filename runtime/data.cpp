@@ -25,7 +25,8 @@ static_assert(std::endian::native == std::endian::little,
 // MappedFile
 
 MappedFile MappedFile::open(const std::string& path, const std::string& what) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (the check below refuses it).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) usage_error("cannot open {} '{}': {}", what, path, std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -35,7 +36,11 @@ MappedFile MappedFile::open(const std::string& path, const std::string& what) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    usage_error("{} '{}' is not a regular file", what, path);
+    const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                                              : "not a plain file";
+    usage_error("{} '{}' is not a regular file ({})", what, path, kind);
   }
   MappedFile m;
   m.path_ = path;
@@ -293,7 +298,11 @@ TokenFile TokenFile::open(const std::string& path) {
   const uint8_t* b = t.file_.bytes();
   const size_t size = t.file_.size();
 
+  static constexpr char kMagic[] = "\x93NUMPY";
   if (!has_npy_extension(path)) {
+    // A .npy under another name would train on its header bytes.
+    if (size >= 6 && std::memcmp(b, kMagic, 6) == 0)
+      usage_error("token file '{}' starts with the .npy magic (\\x93NUMPY): name it .npy", path);
     if (size % 2 != 0)
       usage_error("token file '{}' has an odd size ({} bytes); a raw .bin holds uint16 tokens",
                   path, size);
@@ -302,7 +311,6 @@ TokenFile TokenFile::open(const std::string& path) {
     return t;
   }
 
-  static constexpr char kMagic[] = "\x93NUMPY";
   if (size < 6 || std::memcmp(b, kMagic, 6) != 0)
     usage_error("token file '{}' is not a .npy file (bad magic; expected \\x93NUMPY)", path);
   if (size < 10) usage_error("token file '{}' is truncated inside the .npy preamble", path);

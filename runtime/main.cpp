@@ -1,7 +1,9 @@
 // trainer: one process per rank (mpirun -np N ./trainer ...), or a single process on its own.
 #include <mpi.h>
 
+#include <cstdio>
 #include <exception>
+#include <new>
 
 #include "comm/mpi_communicator.h"
 #include "core/error.h"
@@ -18,11 +20,24 @@ int main(int argc, char** argv) {
   try {
     Options o;
     agree_on_usage_errors(world, [&] { o = parse_options(argc, argv); });
+    // --help on any rank: the lowest such rank prints it, and every rank stops cleanly.
+    const int helper = lowest_rank_where(world, !o.help.empty());
+    if (helper < world.world()) {
+      if (world.rank() == helper) std::fputs(o.help.c_str(), stdout);
+      MPI_Finalize();
+      return 0;
+    }
     run_training(o, world);
   } catch (const AgreedUsageError& e) {
     // Every rank saw this error at the same point: stop cleanly with exit code 2.
     spdlog::error("{}", e.what());
     code = 2;
+  } catch (const std::bad_alloc&) {
+    spdlog::critical(
+        "fatal: out of host memory: reduce --batch, --ctx or the model size, or spread the "
+        "optimizer state with --shard-optim over more ranks");
+    code = 1;
+    if (world.world() > 1) MPI_Abort(MPI_COMM_WORLD, code);
   } catch (const std::exception& e) {
     // An error on this rank alone (I/O, a device, a collective): stop every rank.
     spdlog::critical("{}: {}", dynamic_cast<const UsageError*>(&e) ? "error" : "fatal", e.what());

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -39,11 +40,15 @@ Options parse_options(int argc, char** argv) {
 
   auto* model = app.add_option("--model", o.model, "preset: tiny, small, medium, large, xl, 2.7B");
   int64_t d_model = 0, d_ff = 0, layers = 0, heads = 0, vocab = 0, ctx = 256;
-  auto* o_dm = app.add_option("--d-model", d_model, "model width (overrides the preset)");
-  auto* o_ff = app.add_option("--d-ff", d_ff, "SwiGLU hidden width (overrides the preset)");
-  auto* o_l = app.add_option("--layers", layers, "number of blocks (overrides the preset)");
-  auto* o_h = app.add_option("--heads", heads, "attention heads (overrides the preset)");
-  auto* o_v = app.add_option("--vocab", vocab, "vocabulary size (default 10000)");
+  auto* o_dm = app.add_option("--d-model", d_model, "model width (overrides the preset)")
+                   ->default_str("preset");
+  auto* o_ff = app.add_option("--d-ff", d_ff, "SwiGLU hidden width (overrides the preset)")
+                   ->default_str("preset");
+  auto* o_l = app.add_option("--layers", layers, "number of blocks (overrides the preset)")
+                  ->default_str("preset");
+  auto* o_h = app.add_option("--heads", heads, "attention heads (overrides the preset)")
+                  ->default_str("preset");
+  auto* o_v = app.add_option("--vocab", vocab, "vocabulary size")->default_str("10000");
   app.add_option("--ctx", ctx, "context length T (tokens per sequence)");
   (void)model;
 
@@ -54,7 +59,7 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--grad-accum", o.grad_accum, "micro-steps per optimizer step (K)");
   app.add_option("--steps", o.steps, "optimizer steps S (or timed steps with --benchmark)");
   app.add_option("--lr", o.lr, "peak learning rate");
-  app.add_option("--min-lr", o.min_lr, "final learning rate of the cosine (default lr/10)");
+  app.add_option("--min-lr", o.min_lr, "final learning rate of the cosine")->default_str("lr/10");
   app.add_option("--warmup", o.warmup,
                  "linear warm-up steps (with --benchmark: untimed warm-up steps)");
   app.add_option("--wd", o.wd, "AdamW weight decay");
@@ -68,6 +73,9 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--save-every", o.save_every,
                  "write a checkpoint every N steps (0 = only at end)");
   app.add_option("--out", o.out, "output directory: metrics.jsonl, checkpoints, model.safetensors");
+  app.add_flag("--overwrite", o.overwrite,
+               "start afresh in an --out that holds a run (its metrics.jsonl, model.safetensors "
+               "and step_N directories are deleted first)");
   app.add_option("--log-every", o.log_every, "log every N steps");
   app.add_option("--eval-every", o.eval_every, "validation loss every N steps (0 = only at end)");
   app.add_option("--eval-batches", o.eval_batches, "global batches per validation pass");
@@ -75,22 +83,28 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--precision", o.precision, "auto | fp32 | tf32 | bf16 (auto: bf16 on cuda)");
   app.add_option("--attn", o.attention, "flash | simple (CUDA attention kernel)");
   app.add_option("--ddp", o.ddp, "none | naive | flat | overlap | bucketed");
-  app.add_option("--bucket-mb", o.bucket_mb, "bucket size in MiB for --ddp bucketed (0 = one)");
+  app.add_option(
+      "--bucket-mb", o.bucket_mb,
+      "bucket size in MiB for --ddp bucketed (0 = one); with --shard-optim also the size of "
+      "the update parts whose all-gathers overlap the update");
   app.add_flag("--shard-optim", o.shard_optim, "ZeRO-1: shard fp32 master weights and AdamW state");
   app.add_option("--grad-reduce", o.grad_reduce, "fp32 | bf16: precision of gradient collectives");
   app.add_option("--timing-warmup", o.timing_warmup, "steps left out of the final timing table");
   app.add_option("--grad-transport", o.grad_transport,
-                 "nccl | ce: how GPU gradient sums move (ce: copy engines over NVLink, no SMs; "
-                 "every rank on one host)");
+                 "nccl | ce: how GPU gradients move (ce: copy engines over NVLink, only the sums "
+                 "use SMs; every rank on one host)");
   app.add_option(
       "--comm-sms", o.comm_sms,
-      "GPU: NCCL (or the copy-engine path's sum kernel) runs on this many CTAs and "
-      "backward's GEMMs leave it that many SMs (0 = NCCL's default, GEMMs use every SM)");
+      "GPU: NCCL (or the copy-engine path's sum kernel) runs on this many CTAs, and with "
+      "overlap/bucketed on several ranks backward's GEMMs leave it that many SMs (0 = NCCL's "
+      "default, GEMMs use every SM)");
   app.add_option("--comm-timeout", o.comm_timeout,
                  "seconds a GPU collective may take before every rank is stopped");
   app.add_option("--trace", o.trace,
                  "write a Chrome-trace JSON (Perfetto) of phases and collectives");
-  app.add_option("--peak-tflops", o.peak_tflops, "peak TFLOP/s per device for MFU (0 = default)");
+  app.add_option("--peak-tflops", o.peak_tflops,
+                 "dense peak TFLOP/s per device for MFU (known for H100, H200, A100)")
+      ->default_str("by GPU and precision");
   app.add_flag("--benchmark", o.benchmark, "time steps on synthetic tokens instead of training");
   app.add_option("--mode", o.bench_mode, "benchmark: forward | forward-backward | train");
   app.add_option("--csv", o.csv, "benchmark: append a result row to this CSV file");
@@ -102,8 +116,8 @@ Options parse_options(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    std::exit(0);
+    o.help = app.help();
+    return o;
   } catch (const CLI::ParseError& e) {
     usage_error("{} (see --help)", e.what());
   }
@@ -125,17 +139,29 @@ void validate_options(const Options& o) {
   if (o.steps <= 0) usage_error("--steps must be positive (got {})", o.steps);
   if (o.batch <= 0) usage_error("--batch must be positive (got {})", o.batch);
   if (o.grad_accum <= 0) usage_error("--grad-accum must be positive (got {})", o.grad_accum);
+  // Token counts and row indices are int32 in the kernels and the samplers multiply B, ranks, K
+  // and T: keep each factor and a micro-batch's tokens far from overflow.
+  constexpr int64_t kMaxFactor = int64_t{1} << 24, kMaxTokens = int64_t{1} << 31;
+  if (o.batch > kMaxFactor || o.grad_accum > kMaxFactor || o.config.ctx > kMaxFactor)
+    usage_error("--batch {}, --grad-accum {} and --ctx {} must each be at most {}", o.batch,
+                o.grad_accum, o.config.ctx, kMaxFactor);
+  if (o.batch * o.config.ctx >= kMaxTokens)
+    usage_error("a micro-batch of --batch {} x --ctx {} = {} tokens is too large (limit {})",
+                o.batch, o.config.ctx, o.batch * o.config.ctx, kMaxTokens - 1);
   if (o.warmup < 0) usage_error("--warmup must not be negative (got {})", o.warmup);
-  if (o.lr < 0 || o.min_lr < 0) usage_error("--lr and --min-lr must not be negative");
-  if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1)
-    usage_error("--beta1 and --beta2 must lie in [0, 1) (got {}, {})", o.beta1, o.beta2);
-  if (o.eps <= 0) usage_error("--eps must be positive (got {})", o.eps);
-  if (o.clip < 0) usage_error("--clip must not be negative (got {})", o.clip);
+  validate(o.adamw());  // --lr, --beta1, --beta2, --eps, --wd
+  if (!std::isfinite(o.min_lr) || o.min_lr < 0 || o.min_lr > o.lr)
+    usage_error("--min-lr must be a finite number in [0, --lr = {}] (got {})", o.lr, o.min_lr);
+  if (!std::isfinite(o.peak_tflops) || o.peak_tflops < 0)
+    usage_error("--peak-tflops must be a finite number >= 0 (got {})", o.peak_tflops);
+  if (!std::isfinite(o.clip) || o.clip < 0)
+    usage_error("--clip must be a finite number >= 0 (got {})", o.clip);
   if (o.log_every <= 0) usage_error("--log-every must be positive (got {})", o.log_every);
   if (o.save_every < 0 || o.eval_every < 0)
     usage_error("--save-every and --eval-every must not be negative");
   if (o.eval_batches <= 0) usage_error("--eval-batches must be positive");
-  if (o.bucket_mb < 0) usage_error("--bucket-mb must not be negative (got {})", o.bucket_mb);
+  if (!std::isfinite(o.bucket_mb) || o.bucket_mb < 0)
+    usage_error("--bucket-mb must be a finite number >= 0 (got {})", o.bucket_mb);
   if (o.timing_warmup < 0) usage_error("--timing-warmup must not be negative");
   if (o.grad_transport != "nccl" && o.grad_transport != "ce")
     usage_error("--grad-transport '{}' is not nccl or ce", o.grad_transport);
@@ -163,6 +189,9 @@ void validate_options(const Options& o) {
   if (!o.benchmark && o.data.empty())
     usage_error(
         "--data is required (a uint16 .npy or .bin token file; see launch/prepare_data.sh)");
+  if (o.overwrite && !o.resume.empty())
+    usage_error(
+        "--overwrite and --resume exclude each other (--resume continues the run in --out)");
   if (!o.init_from.empty() && !o.resume.empty())
     usage_error("--init-from and --resume exclude each other (--resume restores the weights too)");
 }
@@ -176,8 +205,8 @@ std::string settings_fingerprint(const Options& o) {
   s << fmt::format("lr={}\nmin-lr={}\nwarmup={}\nwd={}\nbeta1={}\nbeta2={}\neps={}\nclip={}\n",
                    o.lr, o.min_lr, o.warmup, o.wd, o.beta1, o.beta2, o.eps, o.clip);
   s << "seed=" << o.seed << "\ninit-from=" << o.init_from << "\nresume=" << o.resume << "\n";
-  s << "save-every=" << o.save_every << "\nout=" << o.out << "\neval-every=" << o.eval_every
-    << "\neval-batches=" << o.eval_batches << "\n";
+  s << "save-every=" << o.save_every << "\nout=" << o.out << "\noverwrite=" << o.overwrite
+    << "\neval-every=" << o.eval_every << "\neval-batches=" << o.eval_batches << "\n";
   s << "device=" << o.device << "\nprecision=" << o.precision << "\nattn=" << o.attention << "\n";
   s << "ddp=" << o.ddp << "\nbucket-mb=" << o.bucket_mb << "\nshard-optim=" << o.shard_optim
     << "\ngrad-reduce=" << o.grad_reduce << "\ncomm-sms=" << o.comm_sms

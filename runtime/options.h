@@ -7,6 +7,7 @@
 
 #include "model/config.h"
 #include "model/replica.h"
+#include "optim/adamw.h"
 
 namespace trainer {
 
@@ -24,6 +25,7 @@ struct Options {
   uint64_t seed = 1337;
   // Checkpoints and output
   std::string init_from, resume, out;
+  bool overwrite = false;  // a fresh run may replace the one already in --out
   int64_t save_every = 0, log_every = 10, eval_every = 0, eval_batches = 4;
   // Device and parallelism
   std::string device = "auto";  // auto | cpu | cuda
@@ -34,7 +36,7 @@ struct Options {
   bool shard_optim = false;
   std::string grad_reduce = "fp32";  // fp32 | bf16 (CUDA gradient collectives)
   int64_t timing_warmup = 5;
-  std::string grad_transport = "nccl";  // nccl | ce (copy engines, 2 GPUs of one host)
+  std::string grad_transport = "nccl";  // nccl | ce (copy engines, ranks of one host)
   int comm_sms = 0;           // SMs reserved for NCCL while backward runs (0 = NCCL decides)
   double comm_timeout = 300;  // seconds a GPU collective may take before every rank is stopped
   std::string trace;          // Chrome-trace JSON of step phases and collectives
@@ -51,13 +53,16 @@ struct Options {
   int debug_stall_rank = -1;
 
   std::vector<std::string> argv;  // the command line, for logs and checkpoints
+  std::string help;               // set (and nothing validated) when --help was given
 
   // The resolved values (after device detection).
   DeviceKind device_kind() const;
   Precision precision_kind() const;
+  AdamWConfig adamw() const { return {lr, beta1, beta2, eps, wd}; }
 };
 
-// Parses argv; throws UsageError on any bad flag or value. `--help` prints usage and exits 0.
+// Parses argv; throws UsageError on any bad flag or value. With `--help` it returns at once with
+// `help` holding the usage text.
 Options parse_options(int argc, char** argv);
 
 // Checks values that need no file access; throws UsageError naming the flag.

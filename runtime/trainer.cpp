@@ -1,12 +1,16 @@
 #include "runtime/trainer.h"
 
+#include <omp.h>
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -67,6 +71,9 @@ constexpr const char* kCsvHeader =
 
 // A CSV that already has rows must have been written with the same columns.
 void check_csv_header(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    usage_error("--csv {}: not a regular file", path);
   std::ifstream in(path);
   std::string first;
   if (in && std::getline(in, first) && !first.empty() && first != kCsvHeader)
@@ -83,6 +90,20 @@ void append_csv_row(const std::string& path, const std::string& row) {
   csv << row;
 }
 
+// What a finished or interrupted run left in `out`: metrics.jsonl, model.safetensors, step_N/.
+std::vector<fs::path> previous_run(const std::string& out) {
+  std::vector<fs::path> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "metrics.jsonl" || name == "model.safetensors" ||
+        (name.rfind("step_", 0) == 0 && e.is_directory()))
+      found.push_back(e.path());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
 void check_writable_dir(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -90,20 +111,6 @@ void check_writable_dir(const std::string& dir) {
     usage_error("--out {}: cannot create directory ({})", dir, ec.message());
   check_writable_file("--out",
                       (fs::path(dir) / (".write_test." + std::to_string(::getpid()))).string());
-}
-
-// Peak dense throughput of one device, for MFU (ANCHORS.md uses 989 TFLOP/s for H100/H200 bf16).
-double default_peak_tflops(DeviceKind d, Precision p) {
-  if (d == DeviceKind::kCpu) return 0;
-  switch (p) {
-    case Precision::kBf16:
-      return 989;
-    case Precision::kTf32:
-      return 494;
-    case Precision::kFp32:
-      return 67;
-  }
-  return 0;
 }
 
 const char* precision_name(Precision p) {
@@ -120,11 +127,18 @@ const char* precision_name(Precision p) {
 
 // mpirun binds each rank to one core when it starts at most 2 ranks; host-side work (initialising
 // billions of parameters, checksums, the CPU backend) then runs on one core.
-void warn_if_cores_bound() {
+// Warns when the launcher left this rank few cores, and caps an OpenMP thread count far above the
+// cores it may use (OMP_NUM_THREADS=100000 would crash the first parallel region).
+void check_host_threads() {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) != 0) return;
   const int usable = CPU_COUNT(&set);
+  if (omp_get_max_threads() > 8 * std::max(1, usable)) {
+    spdlog::warn("OMP_NUM_THREADS asks for {} threads but this rank may use {} cores: using {}",
+                 omp_get_max_threads(), usable, usable);
+    omp_set_num_threads(std::max(1, usable));
+  }
   const int online = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   int local_ranks = 1;
   if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
@@ -150,6 +164,8 @@ class Run {
   // first waits for the collectives still running, so that the trace has all of them.
   PhaseTimes collect_times(int64_t s, bool last);
   void write_trace();
+  // Flushes metrics.jsonl; a failed write (a full disk) stops the run rather than lose metrics.
+  void check_metrics_written();
   void forward_backward(int64_t step, bool backward, bool reduce);
   void optimizer_step(int64_t s, double& grad_norm);
   // Makes the parameters at offsets >= `from` current: waits for the ZeRO-1 all-gathers still
@@ -159,6 +175,8 @@ class Run {
   // A checkpoint source for a state of the owned range (gathered to rank 0 with ZeRO-1).
   TensorSource state_source(BufferView owned);
   void save(int64_t step_done, bool final);
+  // The run's settings as a checkpoint records them (global batch, ctx, sampler, seed, ...).
+  json run_settings() const;
   // `wall_ms`: rank 0's host time for the step, from its launch until every rank's times arrived
   // (the CUDA-event step time leaves out the host's work between steps).
   void log_step(int64_t s, double loss, double norm, const std::vector<PhaseTimes>& ranks,
@@ -172,6 +190,8 @@ class Run {
   int rank_ = 0, nranks_ = 1;
   DeviceKind device_ = DeviceKind::kCpu;
   Precision precision_ = Precision::kFp32;
+  std::string gpu_name_;    // this rank's GPU ("" on the CPU)
+  double peak_tflops_ = 0;  // per device, for MFU (0: not reported)
   int64_t flat_ = 0, G_ = 0;
   std::unique_ptr<Replica> replica_;
 #ifdef TRAINER_WITH_CUDA
@@ -203,6 +223,7 @@ class Run {
 void Run::setup() {
   rank_ = world_.rank();
   nranks_ = world_.world();
+  check_host_threads();
   device_ = o_.device_kind();
   precision_ = o_.precision_kind();
   G_ = o_.batch * nranks_ * o_.grad_accum;
@@ -272,17 +293,56 @@ void Run::setup() {
       usage_error("--init-from {}: no such file", o_.init_from);
     if (!o_.resume.empty() && !fs::is_directory(o_.resume))
       usage_error("--resume {}: no such checkpoint directory", o_.resume);
-    if (rank_ == 0 && !o_.out.empty()) check_writable_dir(o_.out);
+    if (rank_ == 0 && !o_.out.empty()) {
+      check_writable_dir(o_.out);
+      const auto prev = previous_run(o_.out);
+      if (!prev.empty() && o_.resume.empty() && !o_.overwrite && !o_.benchmark)
+        usage_error(
+            "--out {} already holds a run ({}{}): continue it with --resume {}, pick another "
+            "--out, or pass --overwrite to replace it",
+            o_.out, prev.front().filename().string(),
+            prev.size() > 1 ? fmt::format(" and {} more", prev.size() - 1) : "",
+            latest_checkpoint(o_.out).empty() ? "DIR/step_N" : latest_checkpoint(o_.out));
+    }
     if (rank_ == 0 && !o_.trace.empty()) check_writable_file("--trace", o_.trace);
     if (rank_ == 0 && o_.benchmark && !o_.csv.empty()) {
       check_writable_file("--csv", o_.csv);
       check_csv_header(o_.csv);
     }
+    if (device_ == DeviceKind::kCpu) {
+      // The CPU replica's flat buffers (weights and gradients, fp32) and the optimizer state
+      // (12 B/param, or its shard) alone, before activations: refuse what cannot fit.
+      const int local = std::max(1, node.size);
+      const double need = static_cast<double>(layout_.param_count()) *
+                          (8.0 + 12.0 / (o_.shard_optim ? nranks_ : 1)) * local;
+      const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+      if (have > 0 && need > have)
+        usage_error(
+            "the model's {:.0f}M parameters need at least {:.1f} GiB of host memory for {} "
+            "rank(s) on this host (weights, gradients, AdamW state); it has {:.1f} GiB",
+            layout_.param_count() / 1e6, need / 1073741824.0, local, have / 1073741824.0);
+    }
     schedule_ = LrSchedule{o_.lr, o_.min_lr, o_.warmup, o_.steps};
     if (!o_.benchmark) schedule_.validate();
   });
+  if (rank_ == 0 && !o_.benchmark && o_.warmup > o_.steps)
+    spdlog::warn("--warmup {} > --steps {}: the learning rate never reaches --lr {}", o_.warmup,
+                 o_.steps, o_.lr);
+  if (rank_ == 0 && o_.overwrite && !o_.out.empty() && !o_.benchmark) {
+    const auto prev = previous_run(o_.out);
+    if (!prev.empty()) spdlog::warn("--overwrite: deleting the run in {}", o_.out);
+    for (const fs::path& p : prev) {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+      if (ec) usage_error("--overwrite: cannot delete {}: {}", p.string(), ec.message());
+    }
+  }
 
-  warn_if_cores_bound();
+  if (device_ == DeviceKind::kCuda) gpu_name_ = cuda_device_name(gpu);
+  peak_tflops_ = o_.peak_tflops > 0 ? o_.peak_tflops : peak_tflops(gpu_name_, precision_);
+  if (rank_ == 0 && device_ == DeviceKind::kCuda && peak_tflops_ <= 0)
+    spdlog::warn("MFU not reported: no known peak TFLOP/s of a {} at {}; pass --peak-tflops",
+                 gpu_name_, precision_name(precision_));
 
   // Flat buffers are padded so that `world` equal aligned shards cover them.
   flat_ = layout_.padded_total(nranks_);
@@ -344,14 +404,8 @@ void Run::setup() {
   }
 #endif
 
-  AdamWConfig acfg;
-  acfg.lr = o_.lr;
-  acfg.beta1 = o_.beta1;
-  acfg.beta2 = o_.beta2;
-  acfg.eps = o_.eps;
-  acfg.weight_decay = o_.wd;
-  agree_on_usage_errors(world_,
-                        [&] { opt_ = std::make_unique<AdamW>(device_, owned_.size(), acfg); });
+  agree_on_usage_errors(
+      world_, [&] { opt_ = std::make_unique<AdamW>(device_, owned_.size(), o_.adamw()); });
 
   sync_ = std::make_unique<GradSync>(*grad_comm_, tensors, replica_->grads(), strategy,
                                      bucket_bytes, shards_ ? &*shards_ : nullptr);
@@ -380,8 +434,13 @@ void Run::setup() {
     spdlog::info(
         "run: {} rank(s) on {} | precision {} | batch {} x ctx {} per rank, grad-accum {}, "
         "global batch {} sequences = {} tokens/step",
-        nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu", precision_name(precision_),
-        o_.batch, c.ctx, o_.grad_accum, G_, G_ * c.ctx);
+        nranks_, device_ == DeviceKind::kCuda ? fmt::format("cuda ({})", gpu_name_) : "cpu",
+        precision_name(precision_), o_.batch, c.ctx, o_.grad_accum, G_, G_ * c.ctx);
+    const std::string attention = replica_->attention_kernel();
+    if (device_ == DeviceKind::kCuda && o_.attention == "flash" && attention.rfind("flash", 0) != 0)
+      spdlog::warn("attention: {}", attention);
+    else
+      spdlog::info("attention: {}", attention);
     const double pbytes = static_cast<double>(replica_->params().bytes());
     const double gbytes = static_cast<double>(replica_->grads().bytes());
     const double abytes = static_cast<double>(replica_->activation_bytes());
@@ -429,14 +488,22 @@ void Run::init_state() {
       copy(opt_->exp_avg(), host_view(m));
       copy(opt_->exp_avg_sq(), host_view(v));
       start_step_ = meta->step;
-      const int64_t saved_g = meta->run.value("global_batch", int64_t{0});
-      if (rank_ == 0 && saved_g != G_)
+      // What decides the data stream (SPEC: the batches are a function of these and the step).
+      const json now = run_settings();
+      std::string differ;
+      for (const char* key : {"global_batch", "ctx", "sampler", "seed", "data"}) {
+        const json saved = meta->run.contains(key) ? meta->run[key] : json();
+        if (saved != now[key])
+          differ += fmt::format("{}{} {} (now {})", differ.empty() ? "" : ", ", key, saved.dump(),
+                                now[key].dump());
+      }
+      if (rank_ == 0 && !differ.empty())
         spdlog::warn(
-            "checkpoint global batch {} differs from this run's {} (batch x world x "
-            "grad-accum): training continues, but not as the uninterrupted run would",
-            saved_g, G_);
+            "the checkpoint was written with other data settings: {}; training continues, but "
+            "not on the batches the uninterrupted run would have seen",
+            differ);
     } else if (!o_.init_from.empty()) {
-      load_model(o_.init_from, layout_, params.data());
+      load_model(o_.init_from, layout_, o_.config, params.data());
     } else {
       init_params(layout_, o_.seed, params.data());
     }
@@ -452,7 +519,7 @@ void Run::init_state() {
   copy(opt_->master(), host_view(params).slice(owned_.begin, owned_.size()));
   if (rank_ == 0 && meta)
     spdlog::info("resumed from {} at step {} (written by {} rank(s))", o_.resume, start_step_,
-                 meta->run.value("world", 0));
+                 meta->run.contains("world") ? meta->run["world"].dump() : "?");
 }
 
 void Run::forward_backward(int64_t step, bool backward, bool reduce) {
@@ -594,6 +661,20 @@ PhaseTimes Run::collect_times(int64_t s, bool last) {
   return times;
 }
 
+json Run::run_settings() const {
+  return {{"global_batch", G_}, {"ctx", o_.config.ctx}, {"sampler", o_.sampler},
+          {"seed", o_.seed},    {"world", nranks_},     {"shard_optim", o_.shard_optim},
+          {"lr", o_.lr},        {"min_lr", o_.min_lr},  {"warmup", o_.warmup},
+          {"steps", o_.steps},  {"data", o_.data}};
+}
+
+void Run::check_metrics_written() {
+  metrics_.flush();
+  if (!metrics_)
+    usage_error("{}: writing failed ({})", (fs::path(o_.out) / "metrics.jsonl").string(),
+                std::strerror(errno));
+}
+
 void Run::write_trace() {
   if (o_.trace.empty()) return;
   std::string mine;
@@ -601,10 +682,7 @@ void Run::write_trace() {
   const auto all = world_.gather_strings_to_root(mine);
   if (rank_ != 0) return;
   std::ofstream f(o_.trace);
-  if (!f) {
-    spdlog::error("--trace {}: cannot write the file", o_.trace);
-    return;
-  }
+  if (!f) usage_error("--trace {}: cannot open the file for writing", o_.trace);
   f << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   bool first = true;
   for (int r = 0; r < nranks_; ++r) {
@@ -627,6 +705,8 @@ void Run::write_trace() {
     if (!all[r].empty()) f << ",\n" << all[r];
   }
   f << "\n]}\n";
+  f.close();
+  if (!f) usage_error("--trace {}: writing failed ({})", o_.trace, std::strerror(errno));
   spdlog::info("trace written: {} (open in https://ui.perfetto.dev)", o_.trace);
 }
 
@@ -673,16 +753,18 @@ void Run::save(int64_t step_done, bool final) {
   CheckpointMeta meta;
   meta.step = step_done;
   meta.config = config_to_json(o_.config);
-  meta.run = {{"global_batch", G_}, {"ctx", o_.config.ctx}, {"sampler", o_.sampler},
-              {"seed", o_.seed},    {"world", nranks_},     {"shard_optim", o_.shard_optim},
-              {"lr", o_.lr},        {"min_lr", o_.min_lr},  {"warmup", o_.warmup},
-              {"steps", o_.steps},  {"data", o_.data}};
+  meta.run = run_settings();
   const std::string dir = (fs::path(o_.out) / fmt::format("step_{}", step_done)).string();
   const std::string weights = final ? (fs::path(o_.out) / "model.safetensors").string() : "";
-  save_checkpoint(dir, layout_, params, exp_avg, exp_avg_sq, meta, write, weights);
+  std::string failure;
+  try {
+    save_checkpoint(dir, layout_, params, exp_avg, exp_avg_sq, meta, write, weights);
+  } catch (const UsageError& e) {  // the writer's I/O; the collectives ran to the end
+    failure = e.what();
+  }
+  agree_on_error_message(world_, failure);  // every rank stops with the writer's message
   if (write) spdlog::info("checkpoint written: {}", dir);
   if (write && final) spdlog::info("final weights: {}", weights);
-  world_.barrier();
 }
 
 void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseTimes>& ranks,
@@ -697,8 +779,7 @@ void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseT
   const double ms = step_ms[slowest];  // the step is as slow as its slowest rank
   const double tokens = static_cast<double>(G_ * o_.config.ctx);
   const double tok_s = tokens / (ms / 1e3);
-  const double peak =
-      (o_.peak_tflops > 0 ? o_.peak_tflops : default_peak_tflops(device_, precision_));
+  const double peak = peak_tflops_;
   const double mfu =
       peak > 0 ? tok_s * flops_per_token(o_.config, o_.config.ctx) / (nranks_ * peak * 1e12) : 0;
   const double lr = schedule_.at(s);
@@ -714,7 +795,7 @@ void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseT
     }
     j["ranks"] = per_rank;
     metrics_ << j.dump() << "\n";
-    metrics_.flush();
+    check_metrics_written();
   }
   if ((s + 1) % o_.log_every != 0 && s + 1 != o_.steps && s != start_step_) return;
   std::string timing = fmt::format("step {:.1f} ms (wall {:.1f})", ms, wall_ms);
@@ -731,10 +812,9 @@ void Run::report_timing(const std::vector<std::vector<PhaseTimes>>& rank_times, 
   if (rank_ != 0 || rank_times.empty()) return;
   const int64_t n = static_cast<int64_t>(rank_times.size());
   if (n <= skip) skip = 0;
-  spdlog::info(
-      "per-rank step timings, ms, mean ± std over {} steps (first {} left out, "
-      "--timing-warmup):",
-      n - skip, skip);
+  spdlog::info("per-rank step timings, ms, mean ± std over {} steps{}:", n - skip,
+               o_.benchmark ? fmt::format(" (after {} warm-up steps)", o_.warmup)
+                            : fmt::format(" (first {} left out, --timing-warmup)", skip));
   // Total collective time is measured on GPUs (CUDA events on the comm stream) only.
   const int slots = grad_comm_ != &world_ ? kCommTotal + 1 : kNumPhases;
   std::string head = fmt::format("{:>6}", "rank");
@@ -799,8 +879,10 @@ TrainResult Run::execute(bool keep_params) {
         result.val_losses.push_back(vl);
         if (rank_ == 0) {
           spdlog::info("step {:>5}/{} | validation loss {:.4f}", s + 1, o_.steps, vl);
-          if (metrics_.is_open())
+          if (metrics_.is_open()) {
             metrics_ << json{{"step", s + 1}, {"val_loss", vl}}.dump() << "\n";
+            check_metrics_written();
+          }
         }
       }
       if (last || (o_.save_every > 0 && (s + 1) % o_.save_every == 0)) save(s + 1, last);
@@ -877,8 +959,7 @@ void Run::benchmark(TrainResult& result) {
   const double med = median(steps_ms);
   const double tokens = static_cast<double>(G_ * o_.config.ctx);
   const double tok_s = tokens / (med / 1e3);
-  const double peak =
-      o_.peak_tflops > 0 ? o_.peak_tflops : default_peak_tflops(device_, precision_);
+  const double peak = peak_tflops_;
   const double flops_factor = o_.bench_mode == "forward" ? 1.0 / 3.0 : 1.0;
   const double mfu = peak > 0 ? tok_s * flops_factor * flops_per_token(o_.config, o_.config.ctx) /
                                     (nranks_ * peak * 1e12)

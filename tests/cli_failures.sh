@@ -51,6 +51,10 @@ expect 2 "unknown|not a strategy|--ddp" "$trainer" "${small[@]}" "${data[@]}" --
 expect 2 "--sampler 'foo'" "$trainer" "${small[@]}" "${data[@]}" --sampler foo
 expect 2 "--precision bf16 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --precision bf16
 expect 2 "--grad-reduce bf16 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --grad-reduce bf16
+expect 2 "--wd must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --wd -0.1
+expect 2 "--eps must be a finite number > 0" "$trainer" "${small[@]}" "${data[@]}" --eps 0
+expect 2 "--lr must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --lr nan
+expect 2 "--clip must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --clip -1
 expect 2 "--comm-timeout must be positive" "$trainer" "${small[@]}" "${data[@]}" --comm-timeout 0
 expect 2 "--grad-reduce 'fp16'" "$trainer" "${small[@]}" "${data[@]}" --grad-reduce fp16
 expect 2 "--grad-transport ce needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --grad-transport ce
@@ -59,7 +63,7 @@ expect 2 "cannot be combined with --grad-reduce bf16" "$trainer" "${small[@]}" "
 expect 2 "--comm-sms 8 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --comm-sms 8
 expect 2 "--comm-sms must lie in \\[0, 64\\]" "$trainer" "${small[@]}" "${data[@]}" --comm-sms -1
 expect 2 "--mode 'bogus'" "$trainer" "${small[@]}" --benchmark --mode bogus
-expect 2 "--bucket-mb must not be negative" "$trainer" "${small[@]}" "${data[@]}" --bucket-mb -1
+expect 2 "--bucket-mb must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --bucket-mb -1
 expect 2 "--trace .*cannot write" "$trainer" "${small[@]}" "${data[@]}" --trace "$tmp/afile/t.json"
 expect 2 "--csv .*cannot write" "$trainer" "${small[@]}" --benchmark --csv "$tmp/afile/r.csv"
 printf 'time,model,step_ms\n1,tiny,3.0\n' > "$tmp/old.csv"
@@ -79,12 +83,60 @@ expect 2 "no such checkpoint directory" "$trainer" "${small[@]}" "${data[@]}" --
 "$trainer" "${small[@]}" "${data[@]}" --steps 2 --out "$tmp/run" > /dev/null 2>&1
 printf 'garbage' | dd of="$tmp/run/step_2/optimizer.safetensors" bs=1 seek=100 conv=notrunc 2>/dev/null
 expect 2 "optimizer.safetensors" "$trainer" "${small[@]}" "${data[@]}" --steps 4 --resume "$tmp/run/step_2"
-# Weights of a different shape (d_model 32 instead of 16): the message names file and tensor.
+# Weights of another model (d_model 32 instead of 16): the message names the file and the flag.
+# (Files without our config metadata are checked tensor by tensor: test_safetensors.)
 "$trainer" "${small[@]}" "${data[@]}" --d-model 32 --steps 1 --out "$tmp/wide" > /dev/null 2>&1
-expect 2 "wide/model.safetensors.*token_embeddings.weight" "$trainer" "${small[@]}" "${data[@]}" \
-  --init-from "$tmp/wide/model.safetensors"
+expect 2 "wide/model.safetensors has --d-model 32 but this run has 16" "$trainer" "${small[@]}" \
+  "${data[@]}" --init-from "$tmp/wide/model.safetensors"
 truncate -s 50 "$tmp/run/model.safetensors"
 expect 2 "model.safetensors" "$trainer" "${small[@]}" "${data[@]}" --init-from "$tmp/run/model.safetensors"
+# Weights of the same shapes but another model (--heads), and a checkpoint mixing two saves.
+"$trainer" "${small[@]}" "${data[@]}" --heads 4 --steps 1 --out "$tmp/h4" > /dev/null 2>&1
+expect 2 "h4/model.safetensors has --heads 4 but this run has 2" "$trainer" "${small[@]}" \
+  "${data[@]}" --init-from "$tmp/h4/model.safetensors"
+"$trainer" "${small[@]}" "${data[@]}" --steps 3 --save-every 1 --out "$tmp/mixed" > /dev/null 2>&1
+cp "$tmp/mixed/step_1/model.safetensors" "$tmp/mixed/step_2/model.safetensors"
+expect 2 "mixes two saves" "$trainer" "${small[@]}" "${data[@]}" --steps 4 --resume "$tmp/mixed/step_2"
+# A fresh run does not write over the run in --out; --overwrite replaces it, and says so.
+expect 2 "already holds a run.*--resume .*mixed/step_3" "$trainer" "${small[@]}" "${data[@]}" \
+  --steps 2 --out "$tmp/mixed"
+expect 2 "--overwrite and --resume exclude each other" "$trainer" "${small[@]}" "${data[@]}" \
+  --steps 4 --out "$tmp/mixed" --resume "$tmp/mixed/step_1" --overwrite
+expect 0 "--overwrite: deleting the run" "$trainer" "${small[@]}" "${data[@]}" --steps 2 \
+  --out "$tmp/mixed" --overwrite
+if [[ -d "$tmp/mixed/step_2" && ! -d "$tmp/mixed/step_3" ]]; then passed=$((passed + 1)); else
+  echo "FAIL: --overwrite left the old run's step_3 (or wrote no step_2)"; failures=$((failures + 1)); fi
+# A checkpoint write that fails (a file-size limit stands in for a full disk): every rank prints
+# the writer's error, exit 2, and no partial directory is left.
+out=$(timeout 120 $mpirun -np 2 bash -c 'ulimit -f 20; trap "" XFSZ; exec "$@"' _ "$trainer" \
+  "${small[@]}" "${data[@]}" --d-model 64 --d-ff 128 --steps 2 --out "$tmp/full" 2>&1)
+rc=$?
+if [[ $rc -eq 2 && $(grep -c "File too large" <<<"$out") -ge 2 ]] &&
+  ! compgen -G "$tmp/full/step_2*" > /dev/null; then passed=$((passed + 1)); else
+  echo "FAIL: a failed checkpoint write (exit $rc):"; echo "$out" | tail -5 | sed 's/^/    /'
+  ls "$tmp/full" | sed 's/^/    /'; failures=$((failures + 1)); fi
+# Values out of range that the flags' types accept.
+expect 2 "--min-lr must be a finite number in \\[0, --lr" "$trainer" "${small[@]}" "${data[@]}" --min-lr 1
+expect 2 "--peak-tflops must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" \
+  --peak-tflops -5
+expect 2 "--batch 2305843009213693952, .* must each be at most" "$trainer" "${small[@]}" \
+  "${data[@]}" --batch 2305843009213693952
+expect 2 "micro-batch of --batch 65536 x --ctx 65536" "$trainer" "${small[@]}" "${data[@]}" \
+  --batch 65536 --ctx 65536
+expect 2 "--layers 100000000 exceed the limits" "$trainer" "${small[@]}" "${data[@]}" --layers 100000000
+expect 2 "need at least .* GiB of host memory" "$trainer" "${small[@]}" "${data[@]}" --layers 1000 \
+  --d-model 4096 --d-ff 16384 --heads 32
+# A trace that cannot be written at the end (a full device) is an error, not "trace written".
+expect 2 "--trace /dev/full: writing failed" "$trainer" "${small[@]}" "${data[@]}" --steps 2 \
+  --trace /dev/full
+# An absurd OpenMP thread count is capped to the cores instead of crashing.
+expect 0 "OMP_NUM_THREADS asks for 100000 threads" env OMP_NUM_THREADS=100000 "$trainer" \
+  "${small[@]}" "${data[@]}" --steps 2
+# --help under mpirun: printed once, every rank exits 0.
+out=$(timeout 120 $mpirun -np 2 "$trainer" --help 2>&1)
+rc=$?
+if [[ $rc -eq 0 && $(grep -c "^Usage" <<<"$out") -eq 1 ]]; then passed=$((passed + 1)); else
+  echo "FAIL: --help under mpirun (exit $rc)"; failures=$((failures + 1)); fi
 # Multi-rank: refused strategies and settings that differ between ranks, on every rank.
 expect 2 "--ddp none needs a single rank" $mpirun -np 2 "$trainer" "${small[@]}" "${data[@]}" --ddp none
 expect 2 "settings differ from rank 0's: first difference --lr" \

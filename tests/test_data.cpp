@@ -1,5 +1,6 @@
 // Token files (.npy / .bin parsing and every way they can be wrong) and the SPEC.md samplers.
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -219,12 +220,17 @@ TEST_CASE("bad token files are refused with a message naming the file and the de
   check("garbage.npy", make_npy("{'descr': <u2}", data), "cannot parse the .npy header");
   check("noshape.npy", make_npy("{'descr': '<u2', 'fortran_order': False}", data), "'shape'");
   check("odd.bin", "abc", "odd size (3 bytes)");
+  check("npy_named.bin", make_npy(good_dict, data), "starts with the .npy magic");
   // A missing file and a directory.
   REQUIRE_THROWS_WITH(
       TokenFile::open(dir.file("missing.bin")),
       ContainsSubstring(dir.file("missing.bin")) && ContainsSubstring("No such file or directory"));
   REQUIRE_THROWS_WITH(TokenFile::open(dir.path),
                       ContainsSubstring(dir.path) && ContainsSubstring("not a regular file"));
+  // A FIFO is refused at once: opening it must not wait for a writer (that would hang).
+  REQUIRE(mkfifo(dir.file("fifo.npy").c_str(), 0600) == 0);
+  REQUIRE_THROWS_WITH(TokenFile::open(dir.file("fifo.npy")),
+                      ContainsSubstring("not a regular file (a FIFO)"));
 }
 
 TEST_CASE("check_vocab and check_length") {

@@ -45,6 +45,17 @@ TEST_CASE("preset parameter counts match SPEC.md") {
   REQUIRE_THROWS_AS(preset("huge"), UsageError);
 }
 
+TEST_CASE("MFU's peak comes from the GPU's name and the precision") {
+  REQUIRE(peak_tflops("NVIDIA H200", Precision::kBf16) == 989);
+  REQUIRE(peak_tflops("NVIDIA H100 80GB HBM3", Precision::kTf32) == 494);
+  REQUIRE(peak_tflops("NVIDIA GH200 480GB", Precision::kFp32) == 67);
+  REQUIRE(peak_tflops("NVIDIA H100 PCIe", Precision::kBf16) == 756);  // not the SXM figure
+  REQUIRE(peak_tflops("NVIDIA H100 NVL", Precision::kBf16) == 835);
+  REQUIRE(peak_tflops("NVIDIA A100-SXM4-80GB", Precision::kBf16) == 312);
+  REQUIRE(peak_tflops("NVIDIA GeForce RTX 4090", Precision::kBf16) == 0);  // unknown: no MFU
+  REQUIRE(peak_tflops("", Precision::kFp32) == 0);                         // the CPU
+}
+
 TEST_CASE("padded_total gives equal aligned shards") {
   ParamLayout L(preset("tiny"));
   for (int w : {1, 2, 3, 4, 5}) {

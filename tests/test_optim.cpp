@@ -168,6 +168,8 @@ TEST_CASE("AdamW rejects bad hyper-parameters and mismatched buffers") {
   bad = {};
   bad.eps = -1;
   REQUIRE_THROWS_AS(AdamW(DeviceKind::kCpu, 4, bad), UsageError);
+  bad.eps = 0;  // 0 / 0 for parameters that have had no gradient yet
+  REQUIRE_THROWS_AS(AdamW(DeviceKind::kCpu, 4, bad), UsageError);
   bad = {};
   bad.weight_decay = std::numeric_limits<double>::quiet_NaN();
   REQUIRE_THROWS_AS(AdamW(DeviceKind::kCpu, 4, bad), UsageError);

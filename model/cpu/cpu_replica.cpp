@@ -71,6 +71,7 @@ class CpuReplica final : public Replica {
   }
 
   int64_t activation_bytes() const override { return model_.activation_bytes(); }
+  std::string attention_kernel() const override { return "fp32 reference (materialised scores)"; }
 
  private:
   ModelConfig config_;

@@ -142,6 +142,14 @@ class CudaReplica final : public Replica {
   void zero_grads() override;
   void set_params(const float* host) override;
   int64_t activation_bytes() const override { return arena_bytes_; }
+  std::string attention_kernel() const override {
+    if (flash_) return "flash (fused, FlashAttention-2 style)";
+    if (options_.attention == "simple") return "simple (materialised scores; --attn simple)";
+    return fmt::format(
+        "simple (materialised scores): the flash kernels need bf16 and head dim 16, 32, 64, 80 "
+        "or 128 (here {}, head dim {})",
+        tf32_ ? "tf32" : (std::is_same_v<T, float> ? "fp32" : "bf16"), dh_);
+  }
   void synchronize() override {
     use_device();
     CUDA_CHECK(cudaStreamSynchronize(stream_.s));
@@ -256,7 +264,7 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   validate(c);
   if (o.max_batch <= 0) usage_error("--batch must be positive (got {})", o.max_batch);
   if (o.attention != "flash" && o.attention != "simple")
-    usage_error("--attention must be 'flash' or 'simple' (got '{}')", o.attention);
+    usage_error("--attn must be 'flash' or 'simple' (got '{}')", o.attention);
   int devices = 0;
   CUDA_CHECK(cudaGetDeviceCount(&devices));
   if (o.device_index < 0 || o.device_index >= devices)
