@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <stdexcept>
 
 #include "comm/grad_sync.h"
 #include "core/device_buffer.h"
@@ -67,7 +68,8 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--beta2", o.beta2, "AdamW beta2");
   app.add_option("--eps", o.eps, "AdamW epsilon");
   app.add_option("--clip", o.clip, "global gradient-norm clip (0 = off)");
-  app.add_option("--seed", o.seed, "seed of the initialisation and the random sampler");
+  std::string seed = std::to_string(o.seed);  // parsed below: CLI11 wraps "-1" into a uint64
+  app.add_option("--seed", seed, "seed of the initialisation and the random sampler (0 to 2^64-1)");
   app.add_option("--init-from", o.init_from, "start from these weights (model.safetensors)");
   app.add_option("--resume", o.resume, "resume from a checkpoint directory (DIR/step_N)");
   app.add_option("--save-every", o.save_every,
@@ -122,6 +124,13 @@ Options parse_options(int argc, char** argv) {
     usage_error("{} (see --help)", e.what());
   }
 
+  if (seed.empty() || seed.size() > 20 || seed.find_first_not_of("0123456789") != std::string::npos)
+    usage_error("--seed '{}' is not an integer from 0 to 2^64-1", seed);
+  try {
+    o.seed = std::stoull(seed);
+  } catch (const std::out_of_range&) {
+    usage_error("--seed '{}' is not an integer from 0 to 2^64-1", seed);
+  }
   o.config = preset(o.model);
   if (o_dm->count()) o.config.d_model = d_model;
   if (o_ff->count()) o.config.d_ff = d_ff;

@@ -132,6 +132,9 @@ expect 2 "--trace /dev/full: writing failed" "$trainer" "${small[@]}" "${data[@]
 # An absurd OpenMP thread count is capped to the cores instead of crashing.
 expect 0 "OMP_NUM_THREADS asks for 100000 threads" env OMP_NUM_THREADS=100000 "$trainer" \
   "${small[@]}" "${data[@]}" --steps 2
+expect 2 "--seed '-1' is not an integer from 0 to 2\\^64-1" "$trainer" "${small[@]}" "${data[@]}" --seed -1
+expect 2 "--seed '99999999999999999999' is not" "$trainer" "${small[@]}" "${data[@]}" \
+  --seed 99999999999999999999
 # --help under mpirun: printed once, every rank exits 0.
 out=$(timeout 120 $mpirun -np 2 "$trainer" --help 2>&1)
 rc=$?
