@@ -28,10 +28,11 @@ struct Output {
 // Streams the named tensors of each state into every output, tensor by tensor in SPEC order (with
 // the state's prefix before the names). Runs the sources on every rank; writes only with `write`.
 // The sources may be collectives, so a failed write stops the writing but not the sources: every
-// rank gets through them, and the writer then throws the first error.
+// rank gets through them. The writer's first I/O error lands in `failure`; a call that starts with
+// a failure writes nothing but still runs the sources.
 void stream_tensors(const std::vector<Output>& outputs, const ParamLayout& L,
                     const std::vector<std::pair<std::string, const TensorSource*>>& states,
-                    bool write) {
+                    bool write, std::string& failure) {
   std::vector<TensorDecl> decls;
   int64_t largest = 0;
   for (const auto& [prefix, source] : states)
@@ -41,7 +42,6 @@ void stream_tensors(const std::vector<Output>& outputs, const ParamLayout& L,
     }
   std::deque<SafetensorsStream> files;  // not movable: a deque builds them in place
   std::vector<float> buf;
-  std::string failure;
   auto attempt = [&](const auto& io) {
     if (!failure.empty()) return;
     try {
@@ -67,7 +67,6 @@ void stream_tensors(const std::vector<Output>& outputs, const ParamLayout& L,
   attempt([&] {
     for (SafetensorsStream& f : files) f.commit();
   });
-  if (!failure.empty()) usage_error("{}", failure);
 }
 
 // model.safetensors' metadata: "format": "pt" is what safetensors.torch writes (harmless for other
@@ -158,7 +157,9 @@ int64_t parse_step(const std::string& path, const std::string& text) {
 void save_model(const std::string& path, const ParamLayout& L, const float* flat,
                 const nlohmann::json& meta) {
   const TensorSource params = flat_source(flat);
-  stream_tensors({{path, model_metadata(meta)}}, L, {{"", &params}}, true);
+  std::string failure;
+  stream_tensors({{path, model_metadata(meta)}}, L, {{"", &params}}, true, failure);
+  if (!failure.empty()) usage_error("{}", failure);
 }
 
 void load_model(const std::string& path, const ParamLayout& L, const ModelConfig& expected,
@@ -197,17 +198,18 @@ void save_checkpoint(const std::string& dir, const ParamLayout& L, const TensorS
   std::vector<Output> weights = {
       {(tmp_dir / "model.safetensors").string(), model_metadata(model_meta)}};
   if (!final_weights.empty()) weights.push_back({final_weights, model_metadata(model_meta)});
-  try {
-    stream_tensors(weights, L, {{"", &params}}, write);
-    stream_tensors({{(tmp_dir / "optimizer.safetensors").string(),
-                     {{"format", kFormat},
-                      {"step", std::to_string(meta.step)},
-                      {"config", meta.config.dump()},
-                      {"run", meta.run.dump()}}}},
-                   L, {{"exp_avg.", &exp_avg}, {"exp_avg_sq.", &exp_avg_sq}}, write);
-  } catch (const UsageError&) {
-    if (write) fs::remove_all(tmp_dir, ec);  // no half-written directory left behind
-    throw;
+  // Both passes run on every rank even after a failed write: their sources may be collectives.
+  std::string failure;
+  stream_tensors(weights, L, {{"", &params}}, write, failure);
+  stream_tensors({{(tmp_dir / "optimizer.safetensors").string(),
+                   {{"format", kFormat},
+                    {"step", std::to_string(meta.step)},
+                    {"config", meta.config.dump()},
+                    {"run", meta.run.dump()}}}},
+                 L, {{"exp_avg.", &exp_avg}, {"exp_avg_sq.", &exp_avg_sq}}, write, failure);
+  if (!failure.empty()) {
+    fs::remove_all(tmp_dir, ec);  // no half-written directory left behind
+    usage_error("{}", failure);
   }
   if (!write) return;
 
