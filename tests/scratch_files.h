@@ -1,15 +1,22 @@
 // Scratch files for tests that read and write real files: a temporary directory removed at scope
-// exit, and whole-file byte helpers.
+// exit, whole-file byte helpers, and opening a FIFO without hanging the test.
 #pragma once
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
+#include <thread>
 
+#include "core/error.h"
 #include "tests/catch.h"
 
 // A fresh directory under $TMPDIR (or /tmp), removed with everything in it at scope exit.
@@ -36,4 +43,41 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
 inline std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Runs `open_it` on the FIFO `fifo` and returns the UsageError message it throws ("" if none).
+// A fixed open does not wait for a writer. If a regression makes it block, a watchdog connects a
+// writer after 5 s, which releases it, and the test fails on `released` instead of hanging.
+inline std::string open_fifo_without_waiting(const std::string& fifo,
+                                             const std::function<void()>& open_it) {
+  std::atomic<bool> returned{false}, released{false};
+  std::thread watchdog([&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!returned) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        // Fails (ENXIO) until a reader has the FIFO open, i.e. is blocked in open(2).
+        const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0) {
+          released = true;
+          ::close(fd);
+          return;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  std::string message;
+  try {
+    open_it();
+  } catch (const trainer::UsageError& e) {
+    message = e.what();
+  } catch (...) {
+    returned = true;
+    watchdog.join();
+    throw;
+  }
+  returned = true;
+  watchdog.join();
+  CHECK_FALSE(released);  // true: the open blocked until the watchdog's writer came
+  return message;
 }

@@ -227,10 +227,47 @@ TEST_CASE("bad token files are refused with a message naming the file and the de
       ContainsSubstring(dir.file("missing.bin")) && ContainsSubstring("No such file or directory"));
   REQUIRE_THROWS_WITH(TokenFile::open(dir.path),
                       ContainsSubstring(dir.path) && ContainsSubstring("not a regular file"));
-  // A FIFO is refused at once: opening it must not wait for a writer (that would hang).
-  REQUIRE(mkfifo(dir.file("fifo.npy").c_str(), 0600) == 0);
-  REQUIRE_THROWS_WITH(TokenFile::open(dir.file("fifo.npy")),
-                      ContainsSubstring("not a regular file (a FIFO)"));
+}
+
+TEST_CASE("FIFOs and devices are refused as token files, at once and naming the file") {
+  TempDir dir;
+  // open(2) of a FIFO with no writer blocks; the check must come first (--data, --val-data).
+  for (const char* name : {"fifo.npy", "fifo.bin"}) {
+    const std::string fifo = dir.file(name);
+    REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+    const std::string message =
+        open_fifo_without_waiting(fifo, [&] { (void)TokenFile::open(fifo); });
+    INFO(message);
+    CHECK(message == "token file '" + fifo + "' is not a regular file (a FIFO)");
+  }
+  // A character device never ends (/dev/zero) or is empty (/dev/null); neither is a token file.
+  for (const char* dev : {"/dev/zero", "/dev/null"}) {
+    if (!std::filesystem::exists(dev)) continue;
+    REQUIRE_THROWS_WITH(TokenFile::open(dev),
+                        ContainsSubstring(std::string("token file '") + dev +
+                                          "' is not a regular file (a character device)"));
+  }
+}
+
+TEST_CASE("a .npy named .bin is refused instead of training on its header bytes") {
+  TempDir dir;
+  const std::string data = u16_bytes({1, 2, 3, 4, 5, 6});
+  const std::string npy =
+      make_npy("{'descr': '<u2', 'fortran_order': False, 'shape': (6,), }", data);
+  for (const char* name : {"tokens.bin", "tokens", "tokens.u16"}) {
+    const std::string path = dir.file(name);
+    write_bytes(path, npy);
+    REQUIRE_THROWS_AS(TokenFile::open(path), UsageError);
+    REQUIRE_THROWS_WITH(
+        TokenFile::open(path),
+        ContainsSubstring("token file '" + path +
+                          "' starts with the .npy magic (\\x93NUMPY): name it .npy"));
+  }
+  // The same bytes named .npy load; a raw file that merely starts with 0x93 is still raw tokens.
+  write_bytes(dir.file("tokens.npy"), npy);
+  REQUIRE(TokenFile::open(dir.file("tokens.npy")).size() == 6);
+  write_bytes(dir.file("raw.bin"), std::string("\x93NUMPZ", 6));
+  REQUIRE(TokenFile::open(dir.file("raw.bin")).size() == 3);
 }
 
 TEST_CASE("check_vocab and check_length") {
