@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
+#include <string_view>
 
 #include "core/error.h"
 #include "runtime/safetensors.h"
@@ -162,24 +164,29 @@ void save_model(const std::string& path, const ParamLayout& L, const float* flat
   if (!failure.empty()) usage_error("{}", failure);
 }
 
-void load_model(const std::string& path, const ParamLayout& L, const ModelConfig& expected,
-                float* flat) {
-  const SafetensorsReader r = SafetensorsReader::open(path);
+namespace {
+
+// load_model's checks and read on an open file (a checkpoint opens its model file once: opening
+// verifies the checksum of every byte).
+void load_model_from(const SafetensorsReader& r, const ParamLayout& L, const ModelConfig& expected,
+                     float* flat) {
   // Our files say which model they hold; a file from elsewhere is checked by names and shapes.
   const auto& md = r.metadata();
-  if (auto it = md.find("config"); it != md.end()) check_config(path, it->second, expected);
-  for (const std::string& name : r.names()) {
-    bool known = true;
-    try {
-      L.index_of(name);
-    } catch (const UsageError&) {
-      known = false;
-    }
-    if (!known)
-      usage_error("{} holds tensor '{}', which this model does not have (a different model?)", path,
-                  name);
-  }
+  if (auto it = md.find("config"); it != md.end()) check_config(r.path(), it->second, expected);
+  std::set<std::string_view> known;
+  for (const ParamTensor& t : L.tensors()) known.insert(t.name);
+  for (const std::string& name : r.names())
+    if (!known.count(name))
+      usage_error("{} holds tensor '{}', which this model does not have (a different model?)",
+                  r.path(), name);
   read_tensors(r, L, "", flat, {0, L.padded_total(1)});
+}
+
+}  // namespace
+
+void load_model(const std::string& path, const ParamLayout& L, const ModelConfig& expected,
+                float* flat) {
+  load_model_from(SafetensorsReader::open(path), L, expected, flat);
 }
 
 void save_checkpoint(const std::string& dir, const ParamLayout& L, const TensorSource& params,
@@ -267,7 +274,7 @@ CheckpointMeta load_checkpoint(const std::string& dir, const ParamLayout& L,
       usage_error("checkpoint {} mixes two saves: {} is from step {}, {} from step {}", dir,
                   model_path, model_step, opt_path, meta.step);
   }
-  if (params) load_model(model_path, L, expected, params);
+  if (params) load_model_from(model, L, expected, params);
   const Range range = moments.value_or(Range{0, L.padded_total(1)});
   if (exp_avg) read_tensors(opt, L, "exp_avg.", exp_avg, range);
   if (exp_avg_sq) read_tensors(opt, L, "exp_avg_sq.", exp_avg_sq, range);

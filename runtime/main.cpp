@@ -32,15 +32,13 @@ int main(int argc, char** argv) {
     // Every rank saw this error at the same point: stop cleanly with exit code 2.
     spdlog::error("{}", e.what());
     code = 2;
-  } catch (const std::bad_alloc&) {
-    spdlog::critical(
-        "fatal: out of host memory: reduce --batch, --ctx or the model size, or spread the "
-        "optimizer state with --shard-optim over more ranks");
-    code = 1;
-    if (world.world() > 1) MPI_Abort(MPI_COMM_WORLD, code);
   } catch (const std::exception& e) {
-    // An error on this rank alone (I/O, a device, a collective): stop every rank.
-    spdlog::critical("{}: {}", dynamic_cast<const UsageError*>(&e) ? "error" : "fatal", e.what());
+    // An error on this rank alone (I/O, a device, a collective, memory): stop every rank.
+    spdlog::critical("{}: {}", dynamic_cast<const UsageError*>(&e) ? "error" : "fatal",
+                     dynamic_cast<const std::bad_alloc*>(&e)
+                         ? "out of host memory: reduce --batch, --ctx or the model size, or "
+                           "spread the optimizer state with --shard-optim over more ranks"
+                         : e.what());
     code = dynamic_cast<const UsageError*>(&e) ? 2 : 1;
     if (world.world() > 1) MPI_Abort(MPI_COMM_WORLD, code);
   }

@@ -296,13 +296,15 @@ void Run::setup() {
     if (rank_ == 0 && !o_.out.empty()) {
       check_writable_dir(o_.out);
       const auto prev = previous_run(o_.out);
-      if (!prev.empty() && o_.resume.empty() && !o_.overwrite && !o_.benchmark)
+      if (!prev.empty() && o_.resume.empty() && !o_.overwrite && !o_.benchmark) {
+        const std::string latest = latest_checkpoint(o_.out);
         usage_error(
             "--out {} already holds a run ({}{}): continue it with --resume {}, pick another "
             "--out, or pass --overwrite to replace it",
             o_.out, prev.front().filename().string(),
             prev.size() > 1 ? fmt::format(" and {} more", prev.size() - 1) : "",
-            latest_checkpoint(o_.out).empty() ? "DIR/step_N" : latest_checkpoint(o_.out));
+            latest.empty() ? "DIR/step_N" : latest);
+      }
     }
     if (rank_ == 0 && !o_.trace.empty()) check_writable_file("--trace", o_.trace);
     if (rank_ == 0 && o_.benchmark && !o_.csv.empty()) {
