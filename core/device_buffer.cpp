@@ -30,7 +30,22 @@ DeviceBuffer::DeviceBuffer(DeviceKind device, DType dtype, int64_t count) {
     std::memset(view_.data, 0, bytes);
   } else {
 #ifdef TRAINER_WITH_CUDA
-    CUDA_CHECK(cudaMalloc(&view_.data, bytes));
+    if (const cudaError_t err = cudaMalloc(&view_.data, bytes); err == cudaErrorMemoryAllocation) {
+      // Not sticky: clear it, so the caller can report it and every rank can stop cleanly.
+      (void)cudaGetLastError();
+      size_t free_bytes = 0, total_bytes = 0;
+      int gpu = -1;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      cudaGetDevice(&gpu);
+      usage_error(
+          "out of memory on GPU {} allocating {:.2f} GiB ({:.2f} of {:.2f} GiB free): reduce "
+          "--batch "
+          "(raise --grad-accum to keep the global batch), --ctx or the model, or shard the "
+          "optimizer state with --shard-optim",
+          gpu, bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0);
+    } else if (err != cudaSuccess) {
+      cuda_fail(err, "cudaMalloc", __FILE__, __LINE__);
+    }
     CUDA_CHECK(cudaMemset(view_.data, 0, bytes));
     CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any stream uses it
 #else

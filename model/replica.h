@@ -36,6 +36,9 @@ struct ReplicaOptions {
   std::string attention = "flash";  // CUDA: "flash" or "simple"
   int device_index = 0;             // CUDA device ordinal
   int comm_sms = 0;  // CUDA: SMs backward's GEMMs leave to collectives running beside it
+  // CUDA: elements of AdamW state this rank will hold (its ZeRO-1 shard, or flat_elems), counted
+  // in the check that the run fits in the GPU's memory before anything is allocated.
+  int64_t optimizer_elems = -1;  // -1: flat_elems
 };
 
 // A micro-batch in host memory: `batch` rows of `seq` token ids each.

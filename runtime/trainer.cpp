@@ -367,6 +367,7 @@ void Run::setup() {
   ro.flat_elems = flat_;
   ro.precision = precision_;
   ro.attention = o_.attention;
+  ro.optimizer_elems = owned_.size();
   if (device_ == DeviceKind::kCuda) {
     ro.device_index = gpu;
     // Only strategies that run collectives during backward share the SMs with it.

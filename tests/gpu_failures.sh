@@ -4,7 +4,8 @@
 #  1. A rank that stops answering mid-run makes the NCCL watchdog of the other rank end every rank,
 #     with a message naming the rank and the collective, well before the timeout of this script.
 #  2. 3 ranks on 2 GPUs (two ranks would share a GPU, which NCCL refuses) are refused on every rank
-#     with exit code 2 and a message naming the ranks, before NCCL starts.
+#     with exit code 2 and a message naming the ranks, before NCCL starts; so is a run whose
+#     memory exceeds the GPUs' (xl at 256 x 1024 on 2 ranks), with the sizes.
 #  3. With 3 GPUs or more: --grad-transport ce on 3 ranks (segments of uneven size) trains, and its
 #     last loss (fp32) agrees with NCCL's within 2e-4. (Correctness of every strategy with copy engines is
 #     test_distributed_gpu's job; this covers an odd rank count.)
@@ -51,6 +52,16 @@ refused() {
 }
 
 refused "3 ranks on 2 GPUs" "ranks 0 and 2 would share one GPU" 0,1
+# A run too big for the GPUs: both ranks refuse it with the sizes, exit 2, before any work.
+out=$(timeout 120 mpirun --oversubscribe --bind-to none -np 2 "$build/trainer" --device cuda \
+  --model xl --batch 256 --ctx 1024 --benchmark 2>&1)
+rc=$?
+named=$(grep -c "model does not fit: needs .* GiB free on GPU" <<<"$out")
+grep "model does not fit" <<<"$out" | head -2
+ok=0
+[[ $rc -eq 2 && $named -eq 2 ]] && ok=1
+verdict $ok "a run too big for the GPU: refused on both ranks (exit 2)" \
+  "a run too big for the GPU: exit $rc, message on $named of 2 ranks"
 # last_loss TRANSPORT: the loss of the last step of a 3-rank run on GPUs 0-2 ("" if it failed).
 last_loss() {
   out=$(timeout 120 mpirun --oversubscribe --bind-to none -np 3 -x CUDA_VISIBLE_DEVICES=0,1,2 \

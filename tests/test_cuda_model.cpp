@@ -264,6 +264,52 @@ TEST_CASE("CUDA replica: user errors are UsageErrors naming the problem", "[cuda
   }
 }
 
+TEST_CASE("CUDA replica: the fit check counts this rank's optimizer shard; OOM is a UsageError",
+          "[cuda][model]") {
+  ModelConfig c = preset("small");  // 124M parameters: 12 B each of AdamW state, 1.5 GB
+  c.vocab = 50304;
+  c.ctx = 128;
+  const ReplicaOptions full = options(c, 2, Precision::kBf16);
+  ReplicaOptions shard = full;
+  shard.optimizer_elems = full.flat_elems / 4;  // a ZeRO-1 shard of 4 ranks
+  int64_t activations = 0;
+  {
+    auto probe = make_cuda_replica(c, shard);
+    activations = probe->activation_bytes();
+  }
+  // Leave free what the sharded run needs plus half of what the unsharded one needs on top.
+  const int64_t flat = full.flat_elems;
+  const int64_t sharded_need = flat * 2 + flat * 4 + activations + shard.optimizer_elems * 12;
+  const int64_t margin = (flat - shard.optimizer_elems) * 12 / 2;  // 560 MB
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const int64_t block = static_cast<int64_t>(free_bytes) - sharded_need - margin;
+  REQUIRE(block > 0);
+  DeviceBuffer blocker(DeviceKind::kCuda, DType::kF32, block / 4);
+  try {
+    make_cuda_replica(c, full);
+    FAIL("the unsharded run was accepted without the memory for its optimizer state");
+  } catch (const UsageError& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("model does not fit") != std::string::npos);
+    CHECK(std::string(e.what()).find("--shard-optim") != std::string::npos);
+  }
+  CHECK_NOTHROW(make_cuda_replica(c, shard));
+
+  // An allocation beyond the free memory is a UsageError naming the sizes, and the failure does
+  // not stick: the next allocation succeeds.
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  try {
+    DeviceBuffer too_big(DeviceKind::kCuda, DType::kF32,
+                         (static_cast<int64_t>(free_bytes) >> 2) + (1 << 28));
+    FAIL("an allocation beyond the free memory succeeded");
+  } catch (const UsageError& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("out of memory on GPU") != std::string::npos);
+  }
+  CHECK_NOTHROW(DeviceBuffer(DeviceKind::kCuda, DType::kF32, 1024));
+}
+
 TEST_CASE("CUDA replica fp32: 20 AdamW steps reproduce the CPU losses", "[cuda][model][train]") {
   const ModelConfig c = tiny(10000, 32);
   const int64_t flat = ParamLayout(c).total();

@@ -336,9 +336,10 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   arena_bytes_ = measure.used();
   const int64_t param_bytes = flat_ * static_cast<int64_t>(sizeof(T));
   const int64_t grad_bytes = flat_ * 4;
-  // The optimizer state is allocated by the optimizer (fp32 master, m, v: 12 bytes per element);
-  // it is counted here so that a model that cannot train is refused before any work.
-  const int64_t optim_bytes = flat_ * 12;
+  // The optimizer state is allocated by the optimizer (fp32 master, m, v: 12 bytes per element of
+  // this rank's shard); it is counted here so that a model that cannot train is refused before any
+  // work.
+  const int64_t optim_bytes = (o.optimizer_elems >= 0 ? o.optimizer_elems : flat_) * 12;
   const int64_t work_bytes = static_cast<int64_t>(Matmul::kWorkspaceBytes) + kStagingFloats * 4;
   const int64_t need = param_bytes + grad_bytes + arena_bytes_ + optim_bytes + work_bytes;
   size_t free_bytes = 0, total_bytes = 0;
@@ -346,7 +347,8 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   if (need > static_cast<int64_t>(free_bytes))
     usage_error(
         "model does not fit: needs {} (params {}, grads {}, activations {}, optimizer {}, "
-        "workspace {}), {} free on GPU {} (reduce --batch or --ctx)",
+        "workspace {}), {} free on GPU {} (reduce --batch and raise --grad-accum, reduce --ctx, "
+        "or spread the optimizer state over more ranks with --shard-optim)",
         gib(need), gib(param_bytes), gib(grad_bytes), gib(arena_bytes_), gib(optim_bytes),
         gib(work_bytes), gib(static_cast<double>(free_bytes)), device_index_);
 
