@@ -90,13 +90,56 @@ void append_csv_row(const std::string& path, const std::string& row) {
   csv << row;
 }
 
+// Where a resumed run sets aside the lines the interrupted run logged after its checkpoint.
+constexpr const char* kSupersededMetrics = "metrics_superseded.jsonl";
+
+// A run resumed at `step` into `out` continues its metrics.jsonl. Lines for later steps, logged
+// by the interrupted run after its checkpoint (and a line torn by the interruption), are moved to
+// metrics_superseded.jsonl, so that metrics.jsonl reads as one run with each step once.
+void continue_metrics(const std::string& out, int64_t step) {
+  const fs::path file = fs::path(out) / "metrics.jsonl";
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return;
+  std::ifstream in(file);
+  if (!in) usage_error("--out {}: cannot read {}", out, file.string());
+  std::string kept, superseded, line;
+  int64_t moved = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool keep = j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+                      j["step"].get<int64_t>() <= step;
+    (keep ? kept : superseded) += line + "\n";
+    moved += keep ? 0 : 1;
+  }
+  if (in.bad()) usage_error("--out {}: reading {} failed", out, file.string());
+  if (moved == 0) return;
+  const fs::path aside = fs::path(out) / kSupersededMetrics;
+  std::ofstream side(aside, std::ios::app);
+  side << superseded;
+  side.close();
+  const fs::path tmp = fs::path(out) / "metrics.jsonl.tmp";
+  std::ofstream rewritten(tmp, std::ios::trunc);
+  rewritten << kept;
+  rewritten.close();
+  if (!side || !rewritten)
+    usage_error("--out {}: cannot rewrite metrics.jsonl for the resumed run ({})", out,
+                std::strerror(errno));
+  fs::rename(tmp, file, ec);
+  if (ec) usage_error("--out {}: cannot replace metrics.jsonl: {}", out, ec.message());
+  spdlog::info(
+      "resuming at step {}: {} line(s) of metrics.jsonl written after step {} by the interrupted "
+      "run moved to {}",
+      step, moved, step, aside.string());
+}
+
 // What a finished or interrupted run left in `out`: metrics.jsonl, model.safetensors, step_N/.
 std::vector<fs::path> previous_run(const std::string& out) {
   std::vector<fs::path> found;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(out, ec)) {
     const std::string name = e.path().filename().string();
-    if (name == "metrics.jsonl" || name == "model.safetensors" ||
+    if (name == "metrics.jsonl" || name == kSupersededMetrics || name == "model.safetensors" ||
         (name.rfind("step_", 0) == 0 && e.is_directory()))
       found.push_back(e.path());
   }
@@ -330,7 +373,8 @@ void Run::setup() {
   if (rank_ == 0 && !o_.benchmark && o_.warmup > o_.steps)
     spdlog::warn("--warmup {} > --steps {}: the learning rate never reaches --lr {}", o_.warmup,
                  o_.steps, o_.lr);
-  if (rank_ == 0 && o_.overwrite && !o_.out.empty() && !o_.benchmark) {
+  agree_on_usage_errors(world_, [&] {
+    if (rank_ != 0 || !o_.overwrite || o_.out.empty() || o_.benchmark) return;
     const auto prev = previous_run(o_.out);
     if (!prev.empty()) spdlog::warn("--overwrite: deleting the run in {}", o_.out);
     for (const fs::path& p : prev) {
@@ -338,7 +382,7 @@ void Run::setup() {
       fs::remove_all(p, ec);
       if (ec) usage_error("--overwrite: cannot delete {}: {}", p.string(), ec.message());
     }
-  }
+  });
 
   if (device_ == DeviceKind::kCuda) gpu_name_ = cuda_device_name(gpu);
   peak_tflops_ = o_.peak_tflops > 0 ? o_.peak_tflops : peak_tflops(gpu_name_, precision_);
@@ -843,11 +887,23 @@ TrainResult Run::execute(bool keep_params) {
   if (o_.benchmark) {
     benchmark(result);
   } else {
-    if (rank_ == 0 && !o_.out.empty()) {
+    // Rank 0 writes the metrics; every rank learns of a failure (a full disk) and stops with it.
+    const bool writes_metrics = !o_.out.empty();
+    auto on_rank0 = [&](auto&& write) {
+      if (writes_metrics)
+        agree_on_usage_errors(world_, [&] {
+          if (rank_ == 0) write();
+        });
+      else if (rank_ == 0)
+        write();
+    };
+    on_rank0([&] {
+      if (o_.out.empty()) return;
+      if (start_step_ > 0) continue_metrics(o_.out, start_step_);
       metrics_.open((fs::path(o_.out) / "metrics.jsonl").string(),
                     start_step_ > 0 ? std::ios::app : std::ios::trunc);
       if (!metrics_) usage_error("--out {}: cannot write metrics.jsonl", o_.out);
-    }
+    });
     for (int64_t s = start_step_; s < o_.steps; ++s) {
       if (s == o_.debug_die_at_step && rank_ == o_.debug_die_rank) {
         spdlog::error("--debug-die-at-step {}: rank {} exits abruptly (failure test)", s, rank_);
@@ -872,21 +928,21 @@ TrainResult Run::execute(bool keep_params) {
         std::copy(r.begin(), r.end(), t.begin());
         ranks.push_back(t);
       }
-      if (rank_ == 0) {
-        log_step(s, loss, norm, ranks, ms_since(launched));
+      on_rank0([&] {
         result.rank_times.push_back(ranks);
-      }
+        log_step(s, loss, norm, ranks, ms_since(launched));
+      });
       const bool last = s + 1 == o_.steps;
       if (val_ && ((o_.eval_every > 0 && (s + 1) % o_.eval_every == 0) || last)) {
         const double vl = evaluate();
         result.val_losses.push_back(vl);
-        if (rank_ == 0) {
+        on_rank0([&] {
           spdlog::info("step {:>5}/{} | validation loss {:.4f}", s + 1, o_.steps, vl);
           if (metrics_.is_open()) {
             metrics_ << json{{"step", s + 1}, {"val_loss", vl}}.dump() << "\n";
             check_metrics_written();
           }
-        }
+        });
       }
       if (last || (o_.save_every > 0 && (s + 1) % o_.save_every == 0)) save(s + 1, last);
     }
