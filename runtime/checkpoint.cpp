@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/parse.h"
 #include "runtime/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -124,13 +125,15 @@ ModelConfig config_from_json(const nlohmann::json& j) {
 
 namespace {
 
-// Throws UsageError naming `what` and the first model dimension in which `saved` (a config as
-// config_to_json writes it) differs from `expected`.
-void check_config(const std::string& what, const std::string& saved_json,
-                  const ModelConfig& expected) {
+// Throws UsageError naming `what` and the first model dimension in which `saved_json` (a config
+// as config_to_json writes it) differs from `expected`; returns the parsed config.
+nlohmann::json check_config(const std::string& what, const std::string& saved_json,
+                            const ModelConfig& expected) {
+  nlohmann::json parsed;
   ModelConfig saved;
   try {
-    saved = config_from_json(nlohmann::json::parse(saved_json));
+    parsed = nlohmann::json::parse(saved_json);
+    saved = config_from_json(parsed);
   } catch (const std::exception& e) {
     usage_error("{}: unreadable model config in the metadata: {}", what, e.what());
   }
@@ -143,15 +146,16 @@ void check_config(const std::string& what, const std::string& saved_json,
   for (const auto& [flag, v] : dims)
     if (v.first != v.second)
       usage_error("{} has {} {} but this run has {}", what, flag, v.first, v.second);
+  return parsed;
 }
+
+constexpr uint64_t kMaxStep = uint64_t{1} << 40;
 
 // The step in a file's metadata: digits only, from 0 to 2^40.
 int64_t parse_step(const std::string& path, const std::string& text) {
-  const bool digits = !text.empty() && text.size() <= 13 &&
-                      text.find_first_not_of("0123456789") == std::string::npos;
-  if (!digits || std::stoll(text) > (int64_t{1} << 40))
-    usage_error("{}: unreadable step '{}' in the metadata", path, text);
-  return std::stoll(text);
+  const auto step = parse_decimal(text, kMaxStep);
+  if (!step) usage_error("{}: unreadable step '{}' in the metadata", path, text);
+  return static_cast<int64_t>(*step);
 }
 
 }  // namespace
@@ -258,9 +262,8 @@ CheckpointMeta load_checkpoint(const std::string& dir, const ParamLayout& L,
     usage_error("{}: format '{}' is not {}", opt_path, field("format"), kFormat);
   CheckpointMeta meta;
   meta.step = parse_step(opt_path, field("step"));
-  check_config(opt_path, field("config"), expected);
+  meta.config = check_config(opt_path, field("config"), expected);
   try {
-    meta.config = nlohmann::json::parse(field("config"));
     meta.run = nlohmann::json::parse(field("run"));
   } catch (const nlohmann::json::exception& e) {
     usage_error("{}: unreadable metadata: {}", opt_path, e.what());
@@ -288,10 +291,9 @@ std::string latest_checkpoint(const std::string& out) {
   for (const auto& e : fs::directory_iterator(out, ec)) {
     const std::string name = e.path().filename().string();
     if (!e.is_directory() || name.rfind("step_", 0) != 0) continue;
-    const std::string digits = name.substr(5);
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    const int64_t s = std::stoll(digits);
-    if (s > best_step) best_step = s, best = e.path().string();
+    const auto s = parse_decimal(std::string_view(name).substr(5), kMaxStep);
+    if (s && static_cast<int64_t>(*s) > best_step)
+      best_step = static_cast<int64_t>(*s), best = e.path().string();
   }
   return best;
 }

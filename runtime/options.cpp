@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
 #include "comm/grad_sync.h"
 #include "core/device_buffer.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "runtime/data.h"
 
 namespace trainer {
@@ -124,13 +126,9 @@ Options parse_options(int argc, char** argv) {
     usage_error("{} (see --help)", e.what());
   }
 
-  if (seed.empty() || seed.size() > 20 || seed.find_first_not_of("0123456789") != std::string::npos)
-    usage_error("--seed '{}' is not an integer from 0 to 2^64-1", seed);
-  try {
-    o.seed = std::stoull(seed);
-  } catch (const std::out_of_range&) {
-    usage_error("--seed '{}' is not an integer from 0 to 2^64-1", seed);
-  }
+  const auto parsed_seed = parse_decimal(seed, std::numeric_limits<uint64_t>::max());
+  if (!parsed_seed) usage_error("--seed '{}' is not an integer from 0 to 2^64-1", seed);
+  o.seed = *parsed_seed;
   o.config = preset(o.model);
   if (o_dm->count()) o.config.d_model = d_model;
   if (o_ff->count()) o.config.d_ff = d_ff;

@@ -1,8 +1,11 @@
 // Checkpoint files: what load_model and load_checkpoint accept and what they refuse by name.
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/parse.h"
 #include "model/config.h"
 #include "model/layout.h"
 #include "runtime/checkpoint.h"
@@ -120,4 +123,14 @@ TEST_CASE("load_checkpoint refuses unreadable steps, configs and run settings, a
   CHECK_THAT(with_metadata("run", "[]"), ContainsSubstring("'run' is not a JSON object"));
   // step_4's optimizer file beside step_3's weights.
   CHECK_THAT(with_metadata("step", "4"), ContainsSubstring("mixes two saves"));
+}
+
+TEST_CASE("parse_decimal: digits only, within the bound") {
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  CHECK(parse_decimal("0", 10) == 0u);
+  CHECK(parse_decimal("10", 10) == 10u);
+  CHECK(parse_decimal("18446744073709551615", kMax) == kMax);
+  CHECK_FALSE(parse_decimal("18446744073709551616", kMax).has_value());
+  for (const char* bad : {"", "11", "-1", "+1", " 1", "1 ", "1e3", "0x1"})
+    CHECK_FALSE(parse_decimal(bad, 10).has_value());
 }
