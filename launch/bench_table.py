@@ -46,8 +46,12 @@ def main():
                 ddp += f", --comm-sms {g('comm_sms')}"
             if g("gather_sms") not in ("", "0"):
                 ddp += f", --gather-sms {g('gather_sms')}"
-            if g("nccl_env"):
-                ddp += ", " + g("nccl_env")
+            env = g("nccl_env")
+            tcp = "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo"
+            if tcp in env:  # plans/slow_net.txt: NCCL forced onto TCP sockets over loopback
+                env = env.replace(tcp, "NCCL over TCP (lo)")
+            if env:
+                ddp += ", " + env
         if g("world") == "1":
             ddp = "—"
         line = (f"| {g('model')} | {g('world')} | {ddp} | {g('batch')}×{g('ctx')} "

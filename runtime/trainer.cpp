@@ -1045,8 +1045,10 @@ void Run::benchmark(TrainResult& result) {
   if (!o_.csv.empty()) {
     // NCCL settings from the environment change what a row measures, so they are recorded.
     std::string nccl_env;
-    for (const char* name : {"NCCL_MAX_CTAS", "NCCL_MIN_CTAS", "NCCL_CTA_POLICY", "NCCL_PROTO",
-                             "NCCL_ALGO", "NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS"})
+    for (const char* name :
+         {"NCCL_MAX_CTAS", "NCCL_MIN_CTAS", "NCCL_CTA_POLICY", "NCCL_PROTO", "NCCL_ALGO",
+          "NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE",
+          "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME"})
       if (const char* v = std::getenv(name))
         nccl_env += fmt::format("{}{}={}", nccl_env.empty() ? "" : " ", name, v);
     const ModelConfig& c = o_.config;
