@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return 0;
     }
-    run_training(o, world);
+    // Stopped early by a signal (after a checkpoint): exit as a process ended by it would.
+    if (const int sig = run_training(o, world).stop_signal) code = 128 + sig;
   } catch (const AgreedUsageError& e) {
     // Every rank saw this error at the same point: stop cleanly with exit code 2.
     spdlog::error("{}", e.what());

@@ -73,7 +73,9 @@ Options parse_options(int argc, char** argv) {
   std::string seed = std::to_string(o.seed);  // parsed below: CLI11 wraps "-1" into a uint64
   app.add_option("--seed", seed, "seed of the initialisation and the random sampler (0 to 2^64-1)");
   app.add_option("--init-from", o.init_from, "start from these weights (model.safetensors)");
-  app.add_option("--resume", o.resume, "resume from a checkpoint directory (DIR/step_N)");
+  app.add_option("--resume", o.resume,
+                 "resume from a checkpoint directory (DIR/step_N); 'latest': the newest in --out, "
+                 "or a fresh start when it has none yet (for jobs that are requeued)");
   app.add_option("--save-every", o.save_every,
                  "write a checkpoint every N steps (0 = only at end)");
   app.add_option("--out", o.out, "output directory: metrics.jsonl, checkpoints, model.safetensors");
@@ -199,6 +201,8 @@ void validate_options(const Options& o) {
   if (o.overwrite && !o.resume.empty())
     usage_error(
         "--overwrite and --resume exclude each other (--resume continues the run in --out)");
+  if (o.resume == kResumeLatest && o.out.empty())
+    usage_error("--resume latest needs --out (it continues the newest checkpoint there)");
   if (!o.init_from.empty() && !o.resume.empty())
     usage_error("--init-from and --resume exclude each other (--resume restores the weights too)");
 }

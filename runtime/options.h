@@ -11,6 +11,9 @@
 
 namespace trainer {
 
+// --resume latest: the newest DIR/step_N in --out, or a fresh start when there is none yet.
+inline constexpr const char* kResumeLatest = "latest";
+
 struct Options {
   // Model
   std::string model = "tiny";

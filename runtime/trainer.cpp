@@ -27,12 +27,14 @@
 #include "core/device_buffer.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/parse.h"
 #include "model/init.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/safetensors.h"
+#include "runtime/stop_signal.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -128,9 +130,10 @@ void continue_metrics(const std::string& out, int64_t step) {
   fs::rename(tmp, file, ec);
   if (ec) usage_error("--out {}: cannot replace metrics.jsonl: {}", out, ec.message());
   spdlog::info(
-      "resuming at step {}: {} line(s) of metrics.jsonl written after step {} by the interrupted "
-      "run moved to {}",
-      step, moved, step, aside.string());
+      "{}: {} line(s) of metrics.jsonl written after step {} by the interrupted run moved to {}",
+      step > 0 ? fmt::format("resuming at step {}", step)
+               : std::string("starting afresh (no checkpoint yet)"),
+      moved, step, aside.string());
 }
 
 // What a finished or interrupted run left in `out`: metrics.jsonl, model.safetensors, step_N/.
@@ -259,6 +262,11 @@ class Run {
   LrSchedule schedule_;
   std::vector<int32_t> inputs_, targets_;
   int64_t start_step_ = 0;
+  // The checkpoint to resume from: --resume, or with --resume latest the newest in --out ("" when
+  // there is none yet: a fresh start).
+  std::string resume_;
+  bool resume_latest_ = false;
+  bool already_done_ = false;  // --resume latest found a checkpoint at --steps or later
   std::ofstream metrics_;
   std::vector<std::string> trace_;  // Chrome-trace events of this rank (JSON objects)
 };
@@ -293,6 +301,18 @@ void Run::setup() {
               "more GPUs visible (CUDA_VISIBLE_DEVICES)",
               i, j, node.size, gpus);
     shared_gpu = world_.broadcast_string(shared_gpu, 0);
+  }
+  // --resume latest: rank 0 looks, so that every rank resumes from the same checkpoint.
+  resume_latest_ = o_.resume == kResumeLatest && !o_.out.empty();
+  resume_ = o_.resume;
+  if (resume_latest_) {
+    resume_ = world_.broadcast_string(rank_ == 0 ? latest_checkpoint(o_.out) : "", 0);
+    if (rank_ == 0 && resume_.empty())
+      spdlog::info("--resume latest: no checkpoint in {} yet, starting afresh", o_.out);
+    if (!resume_.empty()) {  // latest_checkpoint names only step_<digits> directories
+      const auto step = parse_decimal(fs::path(resume_).filename().string().substr(5), UINT64_MAX);
+      already_done_ = step && static_cast<int64_t>(*step) >= o_.steps;
+    }
   }
   agree_on_usage_errors(world_, [&] {
     const std::string diff = first_difference(root_fingerprint, fingerprint);
@@ -334,12 +354,17 @@ void Run::setup() {
     }
     if (!o_.init_from.empty() && !fs::exists(o_.init_from))
       usage_error("--init-from {}: no such file", o_.init_from);
-    if (!o_.resume.empty() && !fs::is_directory(o_.resume))
-      usage_error("--resume {}: no such checkpoint directory", o_.resume);
+    if (!resume_.empty() && !fs::is_directory(resume_))
+      usage_error("--resume {}: no such checkpoint directory", resume_);
     if (rank_ == 0 && !o_.out.empty()) {
       check_writable_dir(o_.out);
       const auto prev = previous_run(o_.out);
-      if (!prev.empty() && o_.resume.empty() && !o_.overwrite && !o_.benchmark) {
+      // --resume latest before the first checkpoint: a run that logged metrics only starts again.
+      const bool only_metrics = std::all_of(prev.begin(), prev.end(), [](const fs::path& p) {
+        return p.filename() == "metrics.jsonl" || p.filename() == kSupersededMetrics;
+      });
+      if (!prev.empty() && resume_.empty() && !o_.overwrite && !o_.benchmark &&
+          !(resume_latest_ && only_metrics)) {
         const std::string latest = latest_checkpoint(o_.out);
         usage_error(
             "--out {} already holds a run ({}{}): continue it with --resume {}, pick another "
@@ -524,14 +549,14 @@ void Run::init_state() {
   std::vector<float> params(flat_, 0.0f);
   std::optional<CheckpointMeta> meta;
   agree_on_usage_errors(world_, [&] {
-    if (!o_.resume.empty()) {
+    if (!resume_.empty()) {
       // The moments of this rank's range only (a quarter of them on 4 ZeRO-1 ranks).
       std::vector<float> m(owned_.size(), 0.0f), v(owned_.size(), 0.0f);
       meta =
-          load_checkpoint(o_.resume, layout_, o_.config, params.data(), m.data(), v.data(), owned_);
+          load_checkpoint(resume_, layout_, o_.config, params.data(), m.data(), v.data(), owned_);
       if (meta->step >= o_.steps)
-        usage_error("checkpoint {} is at step {} but --steps is {}: nothing left to train",
-                    o_.resume, meta->step, o_.steps);
+        usage_error("checkpoint {} is at step {} but --steps is {}: nothing left to train", resume_,
+                    meta->step, o_.steps);
       copy(opt_->exp_avg(), host_view(m));
       copy(opt_->exp_avg_sq(), host_view(v));
       start_step_ = meta->step;
@@ -565,7 +590,7 @@ void Run::init_state() {
   replica_->set_params(params.data());
   copy(opt_->master(), host_view(params).slice(owned_.begin, owned_.size()));
   if (rank_ == 0 && meta)
-    spdlog::info("resumed from {} at step {} (written by {} rank(s))", o_.resume, start_step_,
+    spdlog::info("resumed from {} at step {} (written by {} rank(s))", resume_, start_step_,
                  meta->run.contains("world") ? meta->run["world"].dump() : "?");
 }
 
@@ -881,12 +906,19 @@ void Run::report_timing(const std::vector<std::vector<PhaseTimes>>& rank_times, 
 
 TrainResult Run::execute(bool keep_params) {
   setup();
-  init_state();
   TrainResult result;
+  if (already_done_) {  // --resume latest of a run that has finished: nothing to do, exit 0
+    if (rank_ == 0)
+      spdlog::info("--resume latest: {} is at --steps {} already; nothing left to train", resume_,
+                   o_.steps);
+    return result;
+  }
+  init_state();
   result.first_step = start_step_;
   if (o_.benchmark) {
     benchmark(result);
   } else {
+    const StopSignals signals;
     // Rank 0 writes the metrics; every rank learns of a failure (a full disk) and stops with it.
     const bool writes_metrics = !o_.out.empty();
     auto on_rank0 = [&](auto&& write) {
@@ -899,7 +931,7 @@ TrainResult Run::execute(bool keep_params) {
     };
     on_rank0([&] {
       if (o_.out.empty()) return;
-      if (start_step_ > 0) continue_metrics(o_.out, start_step_);
+      if (start_step_ > 0 || resume_latest_) continue_metrics(o_.out, start_step_);
       metrics_.open((fs::path(o_.out) / "metrics.jsonl").string(),
                     start_step_ > 0 ? std::ios::app : std::ios::trunc);
       if (!metrics_) usage_error("--out {}: cannot write metrics.jsonl", o_.out);
@@ -944,7 +976,20 @@ TrainResult Run::execute(bool keep_params) {
           }
         });
       }
-      if (last || (o_.save_every > 0 && (s + 1) % o_.save_every == 0)) save(s + 1, last);
+      // A signal may reach the ranks at different times: any rank's stops them all, here.
+      const int stop = last ? 0 : static_cast<int>(world_.max(int64_t{signals.received()}));
+      if (last || stop || (o_.save_every > 0 && (s + 1) % o_.save_every == 0)) save(s + 1, last);
+      if (stop) {
+        result.stop_signal = stop;
+        if (rank_ == 0)
+          spdlog::warn(
+              "stopped by {} after step {} of {}: {}", signal_name(stop), s + 1, o_.steps,
+              o_.out.empty()
+                  ? std::string("no --out, nothing saved")
+                  : fmt::format("continue with --resume {}",
+                                (fs::path(o_.out) / fmt::format("step_{}", s + 1)).string()));
+        break;
+      }
     }
     report_timing(result.rank_times, o_.timing_warmup);
   }

@@ -141,6 +141,46 @@ sys.exit(0 if steps(sys.argv[1]) == [1, 2, 3, 4, 5, 6] and steps(sys.argv[2]) ==
 " "$tmp/resumed/metrics.jsonl" "$tmp/resumed/metrics_superseded.jsonl"; then passed=$((passed + 1))
 else echo "FAIL: the resumed run's metrics.jsonl does not hold steps 1-6 once each"
   failures=$((failures + 1)); fi
+# A stop signal mid-run: the ranks finish the step, write a checkpoint, and exit 128 + the signal;
+# the checkpoint resumes. One process with SIGTERM (Slurm's time limit), then 2 ranks with SIGUSR1
+# sent to mpirun, which forwards it. Each waits until the run has logged a few steps.
+# stop_run SIGNAL WANT_RC OUT CMD...: runs CMD in the background, signals it, checks the exit code,
+# the message and the checkpoint it names, and sets $ckpt to that checkpoint.
+stop_run() {
+  local sig=$1 want=$2 dir=$3
+  shift 3
+  "$@" > "$tmp/stop.log" 2>&1 &
+  local pid=$! waited=0
+  until [[ $(wc -l 2>/dev/null < "$dir/metrics.jsonl" || echo 0) -ge 3 || $waited -ge 600 ]]; do
+    sleep 0.1; waited=$((waited + 1)); done
+  kill -"$sig" $pid
+  wait $pid
+  local rc=$?
+  ckpt=$(grep -oE "stopped by SIG$sig after step [0-9]+ of [0-9]+: continue with --resume [^ ]+" \
+    "$tmp/stop.log" | grep -oE "[^ ]+$")
+  if [[ $rc -eq $want && -n $ckpt && -f $ckpt/optimizer.safetensors ]]; then
+    passed=$((passed + 1)); else
+    echo "FAIL: $sig mid-run: exit $rc (wanted $want), checkpoint '$ckpt'"; ckpt=
+    tail -5 "$tmp/stop.log" | sed 's/^/    /'; failures=$((failures + 1)); fi
+}
+stop_run TERM 143 "$tmp/stopped" "$trainer" "${small[@]}" "${data[@]}" --steps 1000000 \
+  --out "$tmp/stopped"
+# --resume latest finds that checkpoint; run again, the same command has nothing left to do.
+if [[ -n $ckpt ]]; then
+  more=(--steps $(( ${ckpt##*_} + 2 )) --out "$tmp/stopped" --resume latest)
+  expect 0 "resumed from $ckpt at step" "$trainer" "${small[@]}" "${data[@]}" "${more[@]}"
+  expect 0 "--resume latest: .*step_$(( ${ckpt##*_} + 2 )) is at --steps .* nothing left" \
+    "$trainer" "${small[@]}" "${data[@]}" "${more[@]}"
+fi
+expect 2 "--resume latest needs --out" "$trainer" "${small[@]}" "${data[@]}" --resume latest
+# An --out with metrics but no checkpoint yet (stopped before its first save): latest starts afresh.
+mkdir -p "$tmp/early" && echo '{"step":1,"loss":5}' > "$tmp/early/metrics.jsonl"
+expect 0 "starting afresh \(no checkpoint yet\): 1 line" "$trainer" "${small[@]}" "${data[@]}" \
+  --steps 2 --out "$tmp/early" --resume latest
+stop_run USR1 138 "$tmp/stopped2" $mpirun -np 2 "$trainer" "${small[@]}" "${data[@]}" \
+  --steps 1000000 --shard-optim --out "$tmp/stopped2"
+[[ -n $ckpt ]] && expect 0 "resumed from .*stopped2/step_" $mpirun -np 2 "$trainer" "${small[@]}" \
+  "${data[@]}" --steps $(( ${ckpt##*_} + 2 )) --shard-optim --out "$tmp/stopped2" --resume "$ckpt"
 # Values out of range that the flags' types accept.
 expect 2 "--min-lr must be a finite number in \\[0, --lr" "$trainer" "${small[@]}" "${data[@]}" --min-lr 1
 expect 2 "--peak-tflops must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" \

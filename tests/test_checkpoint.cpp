@@ -1,4 +1,6 @@
-// Checkpoint files: what load_model and load_checkpoint accept and what they refuse by name.
+// Checkpoint files: what load_model and load_checkpoint accept and what they refuse by name; the
+// signals that make a run stop with a checkpoint.
+#include <csignal>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -10,6 +12,7 @@
 #include "model/layout.h"
 #include "runtime/checkpoint.h"
 #include "runtime/safetensors.h"
+#include "runtime/stop_signal.h"
 #include "tests/catch.h"
 #include "tests/scratch_files.h"
 
@@ -133,4 +136,31 @@ TEST_CASE("parse_decimal: digits only, within the bound") {
   CHECK_FALSE(parse_decimal("18446744073709551616", kMax).has_value());
   for (const char* bad : {"", "11", "-1", "+1", " 1", "1 ", "1e3", "0x1"})
     CHECK_FALSE(parse_decimal(bad, 10).has_value());
+}
+
+namespace {
+volatile std::sig_atomic_t g_outer = 0;
+extern "C" void outer_handler(int sig) { g_outer = sig; }
+}  // namespace
+
+TEST_CASE("StopSignals records the first stop signal and restores the handlers before it") {
+  std::signal(SIGUSR1, outer_handler);
+  {
+    const StopSignals signals;
+    CHECK(signals.received() == 0);
+    std::raise(SIGUSR1);
+    CHECK(signals.received() == SIGUSR1);
+    std::raise(SIGTERM);  // the first one is kept; the process goes on
+    CHECK(signals.received() == SIGUSR1);
+    CHECK(g_outer == 0);
+  }
+  {
+    const StopSignals again;  // a new run starts with nothing received
+    CHECK(again.received() == 0);
+  }
+  std::raise(SIGUSR1);
+  CHECK(g_outer == SIGUSR1);
+  std::signal(SIGUSR1, SIG_DFL);
+  CHECK(signal_name(SIGTERM) == "SIGTERM");
+  CHECK(signal_name(SIGUSR1) == "SIGUSR1");
 }
