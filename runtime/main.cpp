@@ -27,8 +27,11 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return 0;
     }
-    // Stopped early by a signal (after a checkpoint): exit as a process ended by it would.
-    if (const int sig = run_training(o, world).stop_signal) code = 128 + sig;
+    // Stopped early (after a checkpoint): by a signal, exit as a process ended by it would; at
+    // --time-limit, as timeout(1) does.
+    const TrainResult r = run_training(o, world);
+    if (r.stop_signal) code = 128 + r.stop_signal;
+    if (r.stopped_at_time_limit) code = 124;
   } catch (const AgreedUsageError& e) {
     // Every rank saw this error at the same point: stop cleanly with exit code 2.
     spdlog::error("{}", e.what());

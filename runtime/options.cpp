@@ -73,6 +73,9 @@ Options parse_options(int argc, char** argv) {
   std::string seed = std::to_string(o.seed);  // parsed below: CLI11 wraps "-1" into a uint64
   app.add_option("--seed", seed, "seed of the initialisation and the random sampler (0 to 2^64-1)");
   app.add_option("--init-from", o.init_from, "start from these weights (model.safetensors)");
+  app.add_option("--time-limit", o.time_limit_min,
+                 "minutes of wall clock after which training stops with a checkpoint, before a "
+                 "step that would end past it (exit 124; 0: none)");
   app.add_option("--resume", o.resume,
                  "resume from a checkpoint directory (DIR/step_N); 'latest': the newest in --out, "
                  "or a fresh start when it has none yet (for jobs that are requeued)");
@@ -180,6 +183,8 @@ void validate_options(const Options& o) {
         o.grad_reduce);
   if (o.comm_sms < 0 || o.comm_sms > 64)
     usage_error("--comm-sms must lie in [0, 64] (got {})", o.comm_sms);
+  if (!(o.time_limit_min >= 0) || !std::isfinite(o.time_limit_min))
+    usage_error("--time-limit must be a finite number of minutes >= 0 (got {})", o.time_limit_min);
   if (!(o.comm_timeout > 0))
     usage_error("--comm-timeout must be positive (got {})", o.comm_timeout);
   if (o.grad_reduce != "fp32" && o.grad_reduce != "bf16")

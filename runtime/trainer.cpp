@@ -45,6 +45,7 @@ namespace {
 std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
 
 using Clock = std::chrono::steady_clock;
+constexpr int64_t kTimeLimitStop = 1000;  // beside signal numbers in the ranks' stop vote
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
@@ -905,6 +906,7 @@ void Run::report_timing(const std::vector<std::vector<PhaseTimes>>& rank_times, 
 }
 
 TrainResult Run::execute(bool keep_params) {
+  const auto started = Clock::now();  // for --time-limit
   setup();
   TrainResult result;
   if (already_done_) {  // --resume latest of a run that has finished: nothing to do, exit 0
@@ -976,14 +978,27 @@ TrainResult Run::execute(bool keep_params) {
           }
         });
       }
-      // A signal may reach the ranks at different times: any rank's stops them all, here.
-      const int stop = last ? 0 : static_cast<int>(world_.max(int64_t{signals.received()}));
+      // A signal may reach the ranks at different times: any rank's stops them all, here. Rank
+      // 0's clock decides the time limit: stop when one more step would end past it.
+      const double minutes = ms_since(started) / 60e3;
+      const bool out_of_time = rank_ == 0 && o_.time_limit_min > 0 &&
+                               minutes + ms_since(launched) / 60e3 >= o_.time_limit_min;
+      const int64_t stop =
+          last ? 0 : world_.max(out_of_time ? kTimeLimitStop : int64_t{signals.received()});
       if (last || stop || (o_.save_every > 0 && (s + 1) % o_.save_every == 0)) save(s + 1, last);
       if (stop) {
-        result.stop_signal = stop;
+        if (stop == kTimeLimitStop)
+          result.stopped_at_time_limit = true;
+        else
+          result.stop_signal = static_cast<int>(stop);
         if (rank_ == 0)
           spdlog::warn(
-              "stopped by {} after step {} of {}: {}", signal_name(stop), s + 1, o_.steps,
+              "stopped {} after step {} of {}: {}",
+              stop == kTimeLimitStop
+                  ? fmt::format("at --time-limit {} min ({:.2f} min since start)",
+                                o_.time_limit_min, ms_since(started) / 60e3)
+                  : "by " + signal_name(static_cast<int>(stop)),
+              s + 1, o_.steps,
               o_.out.empty()
                   ? std::string("no --out, nothing saved")
                   : fmt::format("continue with --resume {}",

@@ -17,13 +17,16 @@ struct TrainResult {
   std::vector<float> params;       // final fp32 master parameters, whole flat buffer
   int64_t first_step = 0;          // 0, or the step a resumed run started from
   std::vector<std::vector<PhaseTimes>> rank_times;  // rank 0 only: [step][rank]
-  int stop_signal = 0;  // the signal that stopped training early (after a checkpoint), or 0
+  // Training stopped early, after a checkpoint: by this signal, or at --time-limit.
+  int stop_signal = 0;
+  bool stopped_at_time_limit = false;
 };
 
 // Sets up the replica, optimizer and gradient synchroniser from `o`, then trains (or, with
 // --benchmark, times steps). Every rank of `world` must call it with matching options; a setting
 // that differs, a bad file or a bad flag makes every rank throw the same UsageError. SIGTERM,
-// SIGINT or SIGUSR1 during training stops every rank after the current step, with a checkpoint.
+// SIGINT or SIGUSR1 during training, or reaching --time-limit, stops every rank after the current
+// step, with a checkpoint.
 TrainResult run_training(const Options& o, MpiCommunicator& world, bool keep_params = false);
 
 }  // namespace trainer

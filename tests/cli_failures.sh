@@ -55,6 +55,8 @@ expect 2 "--wd must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]
 expect 2 "--eps must be a finite number > 0" "$trainer" "${small[@]}" "${data[@]}" --eps 0
 expect 2 "--lr must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --lr nan
 expect 2 "--clip must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --clip -1
+expect 2 "--time-limit must be a finite number of minutes >= 0" "$trainer" "${small[@]}" "${data[@]}" \
+  --time-limit -5
 expect 2 "--comm-timeout must be positive" "$trainer" "${small[@]}" "${data[@]}" --comm-timeout 0
 expect 2 "--grad-reduce 'fp16'" "$trainer" "${small[@]}" "${data[@]}" --grad-reduce fp16
 expect 2 "--grad-transport ce needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --grad-transport ce
@@ -142,10 +144,12 @@ sys.exit(0 if steps(sys.argv[1]) == [1, 2, 3, 4, 5, 6] and steps(sys.argv[2]) ==
 else echo "FAIL: the resumed run's metrics.jsonl does not hold steps 1-6 once each"
   failures=$((failures + 1)); fi
 # A stop signal mid-run: the ranks finish the step, write a checkpoint, and exit 128 + the signal;
-# the checkpoint resumes. One process with SIGTERM (Slurm's time limit), then 2 ranks with SIGUSR1
-# sent to mpirun, which forwards it. Each waits until the run has logged a few steps.
-# stop_run SIGNAL WANT_RC OUT CMD...: runs CMD in the background, signals it, checks the exit code,
-# the message and the checkpoint it names, and sets $ckpt to that checkpoint.
+# the checkpoint resumes. One process with SIGTERM (Slurm's time limit), then 2 ranks of which
+# one alone gets SIGUSR1 (the ranks agree to stop). Each waits until the run has logged a few
+# steps. (Through mpirun's forwarding and with --time-limit: tests/slurm_smoke.sh.)
+# stop_run SIGNAL WANT_RC OUT CMD...: runs CMD in the background, signals the process that has
+# "--out OUT" in its command line and is not CMD's own (a rank under mpirun; else CMD itself),
+# checks the exit code, the message and the checkpoint it names, and sets $ckpt to that checkpoint.
 stop_run() {
   local sig=$1 want=$2 dir=$3
   shift 3
@@ -153,7 +157,9 @@ stop_run() {
   local pid=$! waited=0
   until [[ $(wc -l 2>/dev/null < "$dir/metrics.jsonl" || echo 0) -ge 3 || $waited -ge 600 ]]; do
     sleep 0.1; waited=$((waited + 1)); done
-  kill -"$sig" $pid
+  local target
+  target=$(pgrep -f -- "--out $dir\$" | grep -v "^$pid\$" | tail -1)
+  kill -"$sig" "${target:-$pid}"
   wait $pid
   local rc=$?
   ckpt=$(grep -oE "stopped by SIG$sig after step [0-9]+ of [0-9]+: continue with --resume [^ ]+" \

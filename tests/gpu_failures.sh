@@ -6,7 +6,9 @@
 #  2. 3 ranks on 2 GPUs (two ranks would share a GPU, which NCCL refuses) are refused on every rank
 #     with exit code 2 and a message naming the ranks, before NCCL starts; so is a run whose
 #     memory exceeds the GPUs' (xl at 256 x 1024 on 2 ranks), with the sizes.
-#  3. With 3 GPUs or more: --grad-transport ce on 3 ranks (segments of uneven size) trains, and its
+#  3. --time-limit, and SIGUSR1 sent to one rank, stop both ranks with a checkpoint (exits 124 and
+#     138), which --resume latest finds.
+#  4. With 3 GPUs or more: --grad-transport ce on 3 ranks (segments of uneven size) trains, and its
 #     last loss (fp32) agrees with NCCL's within 2e-4. (Correctness of every strategy with copy engines is
 #     test_distributed_gpu's job; this covers an odd rank count.)
 set -uo pipefail
@@ -62,6 +64,39 @@ ok=0
 [[ $rc -eq 2 && $named -eq 2 ]] && ok=1
 verdict $ok "a run too big for the GPU: refused on both ranks (exit 2)" \
   "a run too big for the GPU: exit $rc, message on $named of 2 ranks"
+# Stopping with a checkpoint on GPUs: at --time-limit (exit 124); then, resumed with --resume
+# latest, by SIGUSR1 sent to one rank only (exit 138: the ranks agree to stop); then --resume
+# latest continues from that checkpoint.
+rm -rf /tmp/gpu_stop
+stop_ok=0 ckpt= ckpt2=
+out=$(timeout 120 mpirun --oversubscribe --bind-to none -np 2 "$build/trainer" "${tiny[@]}" \
+  --steps 1000000 --shard-optim --out /tmp/gpu_stop --resume latest --time-limit 0.15 2>&1)
+rc1=$?
+ckpt=$(grep -oE "stopped at --time-limit .* --resume [^ ]+" <<<"$out" | grep -oE "[^ ]+$")
+if [[ $rc1 -eq 124 && -n $ckpt ]]; then
+  mpirun --oversubscribe --bind-to none -np 2 "$build/trainer" "${tiny[@]}" --steps 1000000 \
+    --shard-optim --out /tmp/gpu_stop --resume latest > /tmp/gpu_stop.log 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do
+    grep -q "resumed from $ckpt" /tmp/gpu_stop.log && break
+    sleep 0.1
+  done
+  sleep 2
+  kill -USR1 "$(pgrep -f -- "--out /tmp/gpu_stop" | grep -v "^$pid$" | tail -1)"
+  wait $pid
+  rc2=$?
+  ckpt2=$(grep -oE "stopped by SIGUSR1 .* --resume [^ ]+" /tmp/gpu_stop.log | grep -oE "[^ ]+$")
+  if [[ $rc2 -eq 138 && -n $ckpt2 ]]; then
+    out=$(timeout 120 mpirun --oversubscribe --bind-to none -np 2 "$build/trainer" "${tiny[@]}" \
+      --steps $(( ${ckpt2##*_} + 3 )) --shard-optim --out /tmp/gpu_stop --resume latest 2>&1) &&
+      grep -q "resumed from $ckpt2" <<<"$out" && stop_ok=1
+  fi
+fi
+out=$(cat /tmp/gpu_stop.log 2>/dev/null)
+verdict $stop_ok "stops: --time-limit at ${ckpt##*/} (exit 124), SIGUSR1 to one rank at \
+${ckpt2##*/} (exit ${rc2:-}), --resume latest continued" \
+  "stops: time limit exit $rc1 '${ckpt}', SIGUSR1 exit ${rc2:-} '${ckpt2}'"
+
 # last_loss TRANSPORT: the loss of the last step of a 3-rank run on GPUs 0-2 ("" if it failed).
 last_loss() {
   out=$(timeout 120 mpirun --oversubscribe --bind-to none -np 3 -x CUDA_VISIBLE_DEVICES=0,1,2 \
