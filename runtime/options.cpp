@@ -208,8 +208,11 @@ void validate_options(const Options& o) {
         "--overwrite and --resume exclude each other (--resume continues the run in --out)");
   if (o.resume == kResumeLatest && o.out.empty())
     usage_error("--resume latest needs --out (it continues the newest checkpoint there)");
-  if (!o.init_from.empty() && !o.resume.empty())
-    usage_error("--init-from and --resume exclude each other (--resume restores the weights too)");
+  // With --resume latest, --init-from gives the weights of the first start (a requeued fine-tune).
+  if (!o.init_from.empty() && !o.resume.empty() && o.resume != kResumeLatest)
+    usage_error(
+        "--init-from and --resume DIR exclude each other (--resume restores the weights too; "
+        "--resume latest takes --init-from for a fresh start)");
 }
 
 std::string settings_fingerprint(const Options& o) {

@@ -590,6 +590,8 @@ void Run::init_state() {
   }
   replica_->set_params(params.data());
   copy(opt_->master(), host_view(params).slice(owned_.begin, owned_.size()));
+  if (rank_ == 0 && !meta && !o_.init_from.empty())
+    spdlog::info("initial weights from {}", o_.init_from);
   if (rank_ == 0 && meta)
     spdlog::info("resumed from {} at step {} (written by {} rank(s))", resume_, start_step_,
                  meta->run.contains("world") ? meta->run["world"].dump() : "?");

@@ -179,6 +179,14 @@ if [[ -n $ckpt ]]; then
     "$trainer" "${small[@]}" "${data[@]}" "${more[@]}"
 fi
 expect 2 "--resume latest needs --out" "$trainer" "${small[@]}" "${data[@]}" --resume latest
+# A requeued fine-tune: --init-from gives the first start its weights, later starts resume.
+tune=(--d-model 32 --out "$tmp/tune" --resume latest --init-from "$tmp/wide/model.safetensors")
+expect 0 "initial weights from .*wide/model.safetensors" "$trainer" "${small[@]}" "${data[@]}" \
+  "${tune[@]}" --steps 2
+expect 0 "resumed from .*tune/step_2 at step 2" "$trainer" "${small[@]}" "${data[@]}" \
+  "${tune[@]}" --steps 3
+expect 2 "--init-from and --resume DIR exclude each other" "$trainer" "${small[@]}" "${data[@]}" \
+  --d-model 32 --resume "$tmp/tune/step_3" --init-from "$tmp/wide/model.safetensors"
 # An --out with metrics but no checkpoint yet (stopped before its first save): latest starts afresh.
 mkdir -p "$tmp/early" && echo '{"step":1,"loss":5}' > "$tmp/early/metrics.jsonl"
 expect 0 "starting afresh \(no checkpoint yet\): 1 line" "$trainer" "${small[@]}" "${data[@]}" \
