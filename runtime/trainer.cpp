@@ -230,6 +230,15 @@ class Run {
                 double wall_ms);
   void report_timing(const std::vector<std::vector<PhaseTimes>>& rank_times, int64_t skip);
   void benchmark(TrainResult& result);
+  // The training loop, from start_step_ to --steps or an early stop.
+  void train(TrainResult& result, Clock::time_point started);
+  // Every rank's phase times of one step, on rank 0 (rows in rank order; empty elsewhere).
+  std::vector<PhaseTimes> gather_times(const PhaseTimes& mine);
+  // After a step: the ranks' vote to stop early, 0 to go on, else a signal number or
+  // kTimeLimitStop; a collective. And rank 0's message once they have.
+  int64_t vote_to_stop(const StopSignals& signals, Clock::time_point started,
+                       Clock::time_point step_launched);
+  void log_stop(int64_t stop, int64_t step_done, Clock::time_point started);
 
   const Options& o_;
   MpiCommunicator& world_;
@@ -919,97 +928,10 @@ TrainResult Run::execute(bool keep_params) {
   }
   init_state();
   result.first_step = start_step_;
-  if (o_.benchmark) {
+  if (o_.benchmark)
     benchmark(result);
-  } else {
-    const StopSignals signals;
-    // Rank 0 writes the metrics; every rank learns of a failure (a full disk) and stops with it.
-    const bool writes_metrics = !o_.out.empty();
-    auto on_rank0 = [&](auto&& write) {
-      if (writes_metrics)
-        agree_on_usage_errors(world_, [&] {
-          if (rank_ == 0) write();
-        });
-      else if (rank_ == 0)
-        write();
-    };
-    on_rank0([&] {
-      if (o_.out.empty()) return;
-      if (start_step_ > 0 || resume_latest_) continue_metrics(o_.out, start_step_);
-      metrics_.open((fs::path(o_.out) / "metrics.jsonl").string(),
-                    start_step_ > 0 ? std::ios::app : std::ios::trunc);
-      if (!metrics_) usage_error("--out {}: cannot write metrics.jsonl", o_.out);
-    });
-    for (int64_t s = start_step_; s < o_.steps; ++s) {
-      if (s == o_.debug_die_at_step && rank_ == o_.debug_die_rank) {
-        spdlog::error("--debug-die-at-step {}: rank {} exits abruptly (failure test)", s, rank_);
-        std::fflush(nullptr);
-        std::_Exit(17);
-      }
-      if (s == o_.debug_stall_at_step && rank_ == o_.debug_stall_rank) {
-        spdlog::error("--debug-stall-at-step {}: rank {} stops answering (failure test)", s, rank_);
-        std::this_thread::sleep_for(std::chrono::hours(1));
-      }
-      const auto launched = Clock::now();
-      PhaseTimes times;
-      double norm = 0;
-      const double loss = train_step(s, times, norm);
-      if (!std::isfinite(loss)) runtime_error("loss became {} at step {}", loss, s + 1);
-      result.losses.push_back(loss);
-      std::vector<double> mine(times.begin(), times.end());
-      const auto rows = world_.gather_to_root(mine);
-      std::vector<PhaseTimes> ranks;
-      for (const auto& r : rows) {
-        PhaseTimes t;
-        std::copy(r.begin(), r.end(), t.begin());
-        ranks.push_back(t);
-      }
-      on_rank0([&] {
-        result.rank_times.push_back(ranks);
-        log_step(s, loss, norm, ranks, ms_since(launched));
-      });
-      const bool last = s + 1 == o_.steps;
-      if (val_ && ((o_.eval_every > 0 && (s + 1) % o_.eval_every == 0) || last)) {
-        const double vl = evaluate();
-        result.val_losses.push_back(vl);
-        on_rank0([&] {
-          spdlog::info("step {:>5}/{} | validation loss {:.4f}", s + 1, o_.steps, vl);
-          if (metrics_.is_open()) {
-            metrics_ << json{{"step", s + 1}, {"val_loss", vl}}.dump() << "\n";
-            check_metrics_written();
-          }
-        });
-      }
-      // A signal may reach the ranks at different times: any rank's stops them all, here. Rank
-      // 0's clock decides the time limit: stop when one more step would end past it.
-      const double minutes = ms_since(started) / 60e3;
-      const bool out_of_time = rank_ == 0 && o_.time_limit_min > 0 &&
-                               minutes + ms_since(launched) / 60e3 >= o_.time_limit_min;
-      const int64_t stop =
-          last ? 0 : world_.max(out_of_time ? kTimeLimitStop : int64_t{signals.received()});
-      if (last || stop || (o_.save_every > 0 && (s + 1) % o_.save_every == 0)) save(s + 1, last);
-      if (stop) {
-        if (stop == kTimeLimitStop)
-          result.stopped_at_time_limit = true;
-        else
-          result.stop_signal = static_cast<int>(stop);
-        if (rank_ == 0)
-          spdlog::warn(
-              "stopped {} after step {} of {}: {}",
-              stop == kTimeLimitStop
-                  ? fmt::format("at --time-limit {} min ({:.2f} min since start)",
-                                o_.time_limit_min, ms_since(started) / 60e3)
-                  : "by " + signal_name(static_cast<int>(stop)),
-              s + 1, o_.steps,
-              o_.out.empty()
-                  ? std::string("no --out, nothing saved")
-                  : fmt::format("continue with --resume {}",
-                                (fs::path(o_.out) / fmt::format("step_{}", s + 1)).string()));
-        break;
-      }
-    }
-    report_timing(result.rank_times, o_.timing_warmup);
-  }
+  else
+    train(result, started);
   write_trace();
   if (keep_params) {
     result.params.assign(flat_, 0.0f);  // padding stays zero, as in the master weights
@@ -1019,6 +941,104 @@ TrainResult Run::execute(bool keep_params) {
     world_.broadcast(host_view(result.params), 0)->wait();
   }
   return result;
+}
+
+std::vector<PhaseTimes> Run::gather_times(const PhaseTimes& mine) {
+  std::vector<PhaseTimes> ranks;
+  for (const auto& row : world_.gather_to_root(std::vector<double>(mine.begin(), mine.end()))) {
+    PhaseTimes t;
+    std::copy(row.begin(), row.end(), t.begin());
+    ranks.push_back(t);
+  }
+  return ranks;
+}
+
+int64_t Run::vote_to_stop(const StopSignals& signals, Clock::time_point started,
+                          Clock::time_point step_launched) {
+  // A signal may reach the ranks at different times: any rank's stops them all. Rank 0's clock
+  // decides the time limit: stop when one more step like this one would end past it.
+  const double minutes = (ms_since(started) + ms_since(step_launched)) / 60e3;
+  const bool out_of_time = rank_ == 0 && o_.time_limit_min > 0 && minutes >= o_.time_limit_min;
+  return world_.max(out_of_time ? kTimeLimitStop : int64_t{signals.received()});
+}
+
+void Run::log_stop(int64_t stop, int64_t step_done, Clock::time_point started) {
+  if (rank_ != 0) return;
+  const std::string why = stop == kTimeLimitStop
+                              ? fmt::format("at --time-limit {} min ({:.2f} min since start)",
+                                            o_.time_limit_min, ms_since(started) / 60e3)
+                              : "by " + signal_name(static_cast<int>(stop));
+  const std::string next =
+      o_.out.empty() ? std::string("no --out, nothing saved")
+                     : fmt::format("continue with --resume {}",
+                                   (fs::path(o_.out) / fmt::format("step_{}", step_done)).string());
+  spdlog::warn("stopped {} after step {} of {}: {}", why, step_done, o_.steps, next);
+}
+
+void Run::train(TrainResult& result, Clock::time_point started) {
+  const StopSignals signals;
+  // Rank 0 writes the metrics; every rank learns of a failure (a full disk) and stops with it.
+  const bool writes_metrics = !o_.out.empty();
+  auto on_rank0 = [&](auto&& write) {
+    if (writes_metrics)
+      agree_on_usage_errors(world_, [&] {
+        if (rank_ == 0) write();
+      });
+    else if (rank_ == 0)
+      write();
+  };
+  on_rank0([&] {
+    if (o_.out.empty()) return;
+    if (start_step_ > 0 || resume_latest_) continue_metrics(o_.out, start_step_);
+    metrics_.open((fs::path(o_.out) / "metrics.jsonl").string(),
+                  start_step_ > 0 ? std::ios::app : std::ios::trunc);
+    if (!metrics_) usage_error("--out {}: cannot write metrics.jsonl", o_.out);
+  });
+  for (int64_t s = start_step_; s < o_.steps; ++s) {
+    if (s == o_.debug_die_at_step && rank_ == o_.debug_die_rank) {
+      spdlog::error("--debug-die-at-step {}: rank {} exits abruptly (failure test)", s, rank_);
+      std::fflush(nullptr);
+      std::_Exit(17);
+    }
+    if (s == o_.debug_stall_at_step && rank_ == o_.debug_stall_rank) {
+      spdlog::error("--debug-stall-at-step {}: rank {} stops answering (failure test)", s, rank_);
+      std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+    const auto launched = Clock::now();
+    PhaseTimes times;
+    double norm = 0;
+    const double loss = train_step(s, times, norm);
+    if (!std::isfinite(loss)) runtime_error("loss became {} at step {}", loss, s + 1);
+    result.losses.push_back(loss);
+    const std::vector<PhaseTimes> ranks = gather_times(times);
+    on_rank0([&] {
+      result.rank_times.push_back(ranks);
+      log_step(s, loss, norm, ranks, ms_since(launched));
+    });
+    const bool last = s + 1 == o_.steps;
+    if (val_ && ((o_.eval_every > 0 && (s + 1) % o_.eval_every == 0) || last)) {
+      const double vl = evaluate();
+      result.val_losses.push_back(vl);
+      on_rank0([&] {
+        spdlog::info("step {:>5}/{} | validation loss {:.4f}", s + 1, o_.steps, vl);
+        if (metrics_.is_open()) {
+          metrics_ << json{{"step", s + 1}, {"val_loss", vl}}.dump() << "\n";
+          check_metrics_written();
+        }
+      });
+    }
+    const int64_t stop = last ? 0 : vote_to_stop(signals, started, launched);
+    if (last || stop || (o_.save_every > 0 && (s + 1) % o_.save_every == 0)) save(s + 1, last);
+    if (stop) {
+      if (stop == kTimeLimitStop)
+        result.stopped_at_time_limit = true;
+      else
+        result.stop_signal = static_cast<int>(stop);
+      log_stop(stop, s + 1, started);
+      break;
+    }
+  }
+  report_timing(result.rank_times, o_.timing_warmup);
 }
 
 void Run::benchmark(TrainResult& result) {
@@ -1049,14 +1069,7 @@ void Run::benchmark(TrainResult& result) {
   const int64_t mem = memory_in_use(device_);
   // Per-rank times to rank 0.
   std::vector<std::vector<PhaseTimes>> all(n);
-  for (int64_t s = 0; s < n; ++s) {
-    const auto rows = world_.gather_to_root(std::vector<double>(mine[s].begin(), mine[s].end()));
-    for (const auto& r : rows) {
-      PhaseTimes t;
-      std::copy(r.begin(), r.end(), t.begin());
-      all[s].push_back(t);
-    }
-  }
+  for (int64_t s = 0; s < n; ++s) all[s] = gather_times(mine[s]);
   const double max_mem = world_.max(static_cast<double>(mem));
   if (rank_ != 0) return;
   result.rank_times = all;
