@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -284,18 +285,23 @@ CheckpointMeta load_checkpoint(const std::string& dir, const ParamLayout& L,
   return meta;
 }
 
-std::string latest_checkpoint(const std::string& out) {
-  std::string best;
-  int64_t best_step = -1;
+std::vector<CheckpointDir> list_checkpoints(const std::string& out) {
+  std::vector<CheckpointDir> found;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(out, ec)) {
     const std::string name = e.path().filename().string();
     if (!e.is_directory() || name.rfind("step_", 0) != 0) continue;
-    const auto s = parse_decimal(std::string_view(name).substr(5), kMaxStep);
-    if (s && static_cast<int64_t>(*s) > best_step)
-      best_step = static_cast<int64_t>(*s), best = e.path().string();
+    if (const auto s = parse_decimal(std::string_view(name).substr(5), kMaxStep))
+      found.push_back({static_cast<int64_t>(*s), e.path().string()});
   }
-  return best;
+  std::sort(found.begin(), found.end(),
+            [](const CheckpointDir& a, const CheckpointDir& b) { return a.step < b.step; });
+  return found;
+}
+
+std::string latest_checkpoint(const std::string& out) {
+  const auto all = list_checkpoints(out);
+  return all.empty() ? "" : all.back().path;
 }
 
 }  // namespace trainer

@@ -64,7 +64,15 @@ CheckpointMeta load_checkpoint(const std::string& dir, const ParamLayout& L,
                                const ModelConfig& expected, float* params, float* exp_avg,
                                float* exp_avg_sq, std::optional<Range> moments = std::nullopt);
 
-// The newest complete step_N directory under `out` ("" if none).
+// The step_N directories under `out`, by step, oldest first (a step_N.tmp-* being written is not
+// one).
+struct CheckpointDir {
+  int64_t step;
+  std::string path;
+};
+std::vector<CheckpointDir> list_checkpoints(const std::string& out);
+
+// The newest step_N directory under `out` ("" if none).
 std::string latest_checkpoint(const std::string& out);
 
 }  // namespace trainer

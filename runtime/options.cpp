@@ -81,6 +81,9 @@ Options parse_options(int argc, char** argv) {
                  "or a fresh start when it has none yet (for jobs that are requeued)");
   app.add_option("--save-every", o.save_every,
                  "write a checkpoint every N steps (0 = only at end)");
+  app.add_option("--keep-last", o.keep_last,
+                 "keep only the newest N checkpoints in --out, deleting older ones after each save "
+                 "(0 = keep all)");
   app.add_option("--out", o.out, "output directory: metrics.jsonl, checkpoints, model.safetensors");
   app.add_flag("--overwrite", o.overwrite,
                "start afresh in an --out that holds a run (its metrics.jsonl, model.safetensors "
@@ -169,8 +172,8 @@ void validate_options(const Options& o) {
   if (!std::isfinite(o.clip) || o.clip < 0)
     usage_error("--clip must be a finite number >= 0 (got {})", o.clip);
   if (o.log_every <= 0) usage_error("--log-every must be positive (got {})", o.log_every);
-  if (o.save_every < 0 || o.eval_every < 0)
-    usage_error("--save-every and --eval-every must not be negative");
+  if (o.save_every < 0 || o.eval_every < 0 || o.keep_last < 0)
+    usage_error("--save-every, --eval-every and --keep-last must not be negative");
   if (o.eval_batches <= 0) usage_error("--eval-batches must be positive");
   if (!std::isfinite(o.bucket_mb) || o.bucket_mb < 0)
     usage_error("--bucket-mb must be a finite number >= 0 (got {})", o.bucket_mb);

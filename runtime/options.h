@@ -30,6 +30,7 @@ struct Options {
   std::string init_from, resume, out;
   bool overwrite = false;  // a fresh run may replace the one already in --out
   int64_t save_every = 0, log_every = 10, eval_every = 0, eval_batches = 4;
+  int64_t keep_last = 0;  // checkpoints kept in --out: the newest N (0: all)
   // Wall-clock minutes from start after which training stops with a checkpoint (0: no limit).
   double time_limit_min = 0;
   // Device and parallelism

@@ -601,6 +601,16 @@ void Run::init_state() {
   copy(opt_->master(), host_view(params).slice(owned_.begin, owned_.size()));
   if (rank_ == 0 && !meta && !o_.init_from.empty())
     spdlog::info("initial weights from {}", o_.init_from);
+  if (rank_ == 0 && meta && !o_.out.empty()) {
+    std::string newer;
+    for (const CheckpointDir& c : list_checkpoints(o_.out))
+      if (c.step > start_step_) newer += (newer.empty() ? "" : ", ") + c.path;
+    if (!newer.empty())
+      spdlog::warn(
+          "--out {} holds checkpoints newer than the one resumed from ({}); this run writes over "
+          "those of the steps it saves, and --resume latest would pick the newest",
+          o_.out, newer);
+  }
   if (rank_ == 0 && meta)
     spdlog::info("resumed from {} at step {} (written by {} rank(s))", resume_, start_step_,
                  meta->run.contains("world") ? meta->run["world"].dump() : "?");
@@ -847,8 +857,25 @@ void Run::save(int64_t step_done, bool final) {
     failure = e.what();
   }
   agree_on_error_message(world_, failure);  // every rank stops with the writer's message
-  if (write) spdlog::info("checkpoint written: {}", dir);
-  if (write && final) spdlog::info("final weights: {}", weights);
+  if (!write) return;
+  spdlog::info("checkpoint written: {}", dir);
+  if (final) spdlog::info("final weights: {}", weights);
+  // --keep-last K: the K-1 newest checkpoints before this one stay. Newer ones (left by a run
+  // that went further before this one resumed from an older checkpoint) are not touched.
+  if (o_.keep_last <= 0) return;
+  std::vector<CheckpointDir> older;
+  for (const CheckpointDir& c : list_checkpoints(o_.out))
+    if (c.step < step_done) older.push_back(c);
+  const size_t keep_older = static_cast<size_t>(o_.keep_last - 1);
+  for (size_t i = 0; i + keep_older < older.size(); ++i) {
+    std::error_code ec;
+    fs::remove_all(older[i].path, ec);
+    if (ec)
+      spdlog::warn("--keep-last {}: cannot delete {}: {}", o_.keep_last, older[i].path,
+                   ec.message());
+    else
+      spdlog::info("--keep-last {}: deleted {}", o_.keep_last, older[i].path);
+  }
 }
 
 void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseTimes>& ranks,

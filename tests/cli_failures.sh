@@ -179,6 +179,16 @@ if [[ -n $ckpt ]]; then
     "$trainer" "${small[@]}" "${data[@]}" "${more[@]}"
 fi
 expect 2 "--resume latest needs --out" "$trainer" "${small[@]}" "${data[@]}" --resume latest
+# --keep-last 2 leaves the two newest checkpoints; resuming from the older one warns that a newer
+# one exists.
+expect 0 "--keep-last 2: deleted .*keep/step_4" "$trainer" "${small[@]}" "${data[@]}" --steps 6 \
+  --save-every 1 --keep-last 2 --out "$tmp/keep"
+if [[ "$(cd "$tmp/keep" && echo step_*)" == "step_5 step_6" ]]; then passed=$((passed + 1)); else
+  echo "FAIL: --keep-last 2 left $(cd "$tmp/keep" && echo step_*)"; failures=$((failures + 1)); fi
+expect 0 "holds checkpoints newer than the one resumed from .*keep/step_6" "$trainer" \
+  "${small[@]}" "${data[@]}" --steps 7 --out "$tmp/keep" --resume "$tmp/keep/step_5"
+expect 2 "--save-every, --eval-every and --keep-last must not be negative" "$trainer" \
+  "${small[@]}" "${data[@]}" --keep-last -1
 # A requeued fine-tune: --init-from gives the first start its weights, later starts resume.
 tune=(--d-model 32 --out "$tmp/tune" --resume latest --init-from "$tmp/wide/model.safetensors")
 expect 0 "initial weights from .*wide/model.safetensors" "$trainer" "${small[@]}" "${data[@]}" \
