@@ -408,6 +408,18 @@ void Run::setup() {
   if (rank_ == 0 && !o_.benchmark && o_.warmup > o_.steps)
     spdlog::warn("--warmup {} > --steps {}: the learning rate never reaches --lr {}", o_.warmup,
                  o_.steps, o_.lr);
+  if (rank_ == 0 && !o_.out.empty() && !o_.overwrite) {
+    // A save killed mid-write leaves its step_N.tmp-PID (or, mid-swap, step_N.old-PID) behind.
+    std::string partial;
+    for (const fs::path& p : previous_run(o_.out))
+      if (const std::string n = p.filename().string();
+          n.find(".tmp-") != std::string::npos || n.find(".old-") != std::string::npos)
+        partial += (partial.empty() ? "" : ", ") + n;
+    if (!partial.empty())
+      spdlog::warn(
+          "--out {} holds what interrupted saves left ({}): not checkpoints, safe to delete",
+          o_.out, partial);
+  }
   agree_on_usage_errors(world_, [&] {
     if (rank_ != 0 || !o_.overwrite || o_.out.empty() || o_.benchmark) return;
     const auto prev = previous_run(o_.out);

@@ -187,6 +187,9 @@ if [[ "$(cd "$tmp/keep" && echo step_*)" == "step_5 step_6" ]]; then passed=$((p
   echo "FAIL: --keep-last 2 left $(cd "$tmp/keep" && echo step_*)"; failures=$((failures + 1)); fi
 expect 0 "holds checkpoints newer than the one resumed from .*keep/step_6" "$trainer" \
   "${small[@]}" "${data[@]}" --steps 7 --out "$tmp/keep" --resume "$tmp/keep/step_5"
+mkdir "$tmp/keep/step_8.tmp-4242"  # what a save killed mid-write leaves
+expect 0 "holds what interrupted saves left \\(step_8.tmp-4242\\)" "$trainer" "${small[@]}" \
+  "${data[@]}" --steps 8 --out "$tmp/keep" --resume latest
 expect 2 "--save-every, --eval-every and --keep-last must not be negative" "$trainer" \
   "${small[@]}" "${data[@]}" --keep-last -1
 # A requeued fine-tune: --init-from gives the first start its weights, later starts resume.
