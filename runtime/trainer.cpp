@@ -27,7 +27,6 @@
 #include "core/device_buffer.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "core/parse.h"
 #include "model/init.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
@@ -316,13 +315,13 @@ void Run::setup() {
   resume_latest_ = o_.resume == kResumeLatest && !o_.out.empty();
   resume_ = o_.resume;
   if (resume_latest_) {
-    resume_ = world_.broadcast_string(rank_ == 0 ? latest_checkpoint(o_.out) : "", 0);
+    CheckpointDir latest{-1, ""};
+    if (rank_ == 0)
+      if (const auto all = list_checkpoints(o_.out); !all.empty()) latest = all.back();
+    resume_ = world_.broadcast_string(latest.path, 0);
+    already_done_ = world_.max(latest.step) >= o_.steps;  // rank 0's step; -1 elsewhere
     if (rank_ == 0 && resume_.empty())
       spdlog::info("--resume latest: no checkpoint in {} yet, starting afresh", o_.out);
-    if (!resume_.empty()) {  // latest_checkpoint names only step_<digits> directories
-      const auto step = parse_decimal(fs::path(resume_).filename().string().substr(5), UINT64_MAX);
-      already_done_ = step && static_cast<int64_t>(*step) >= o_.steps;
-    }
   }
   agree_on_usage_errors(world_, [&] {
     const std::string diff = first_difference(root_fingerprint, fingerprint);
