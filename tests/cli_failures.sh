@@ -129,17 +129,20 @@ if [[ $rc -eq 2 && $(grep -c "metrics.jsonl: writing failed" <<<"$out") -ge 2 ]]
   echo "FAIL: a failed metrics write mid-run (exit $rc):"; echo "$out" | tail -5 | sed 's/^/    /'
   failures=$((failures + 1)); fi
 # A run resumed from step 3 of a 6-step run that went on to step 6: metrics.jsonl holds steps 1-6
-# once each; the interrupted run's lines for steps 4-6 (3 steps, 2 validations) are kept in
-# metrics_superseded.jsonl.
+# once each; the interrupted run's lines for steps 4-6 (3 steps, 2 validations) and a line torn by
+# the interruption are kept in metrics_superseded.jsonl.
 expect 0 "step +6/6" "$trainer" "${small[@]}" "${data[@]}" --steps 6 --save-every 3 \
   --val-data "$tmp/val.npy" --eval-every 2 --eval-batches 1 --out "$tmp/resumed"
-expect 0 "5 line\(s\) of metrics.jsonl written after step 3 .* moved to" "$trainer" "${small[@]}" \
+printf '{"step":7,"lo' >> "$tmp/resumed/metrics.jsonl"
+expect 0 "6 line\(s\) of metrics.jsonl written after step 3 .* moved to" "$trainer" "${small[@]}" \
   "${data[@]}" --steps 6 --val-data "$tmp/val.npy" --eval-every 2 --eval-batches 1 \
   --out "$tmp/resumed" --resume "$tmp/resumed/step_3"
 if python3 -c "
 import json, sys
 steps = lambda f: [json.loads(l)['step'] for l in open(f) if 'loss' in json.loads(l)]
-sys.exit(0 if steps(sys.argv[1]) == [1, 2, 3, 4, 5, 6] and steps(sys.argv[2]) == [4, 5, 6] else 1)
+aside = open(sys.argv[2]).read().splitlines()
+sys.exit(0 if steps(sys.argv[1]) == [1, 2, 3, 4, 5, 6] and aside[-1] == '{\"step\":7,\"lo' and
+         [json.loads(l)['step'] for l in aside[:-1] if 'loss' in json.loads(l)] == [4, 5, 6] else 1)
 " "$tmp/resumed/metrics.jsonl" "$tmp/resumed/metrics_superseded.jsonl"; then passed=$((passed + 1))
 else echo "FAIL: the resumed run's metrics.jsonl does not hold steps 1-6 once each"
   failures=$((failures + 1)); fi
