@@ -292,6 +292,9 @@ std::string shape_text(const std::vector<PyValue>& dims) {
 // ---------------------------------------------------------------------------------------------
 // TokenFile
 
+constexpr uint32_t kLlmcMagic = 20240520;
+constexpr size_t kLlmcHeaderBytes = 256 * 4;
+
 TokenFile TokenFile::open(const std::string& path) {
   TokenFile t;
   t.file_ = MappedFile::open(path, "token file");
@@ -303,6 +306,24 @@ TokenFile TokenFile::open(const std::string& path) {
     // A .npy under another name would train on its header bytes.
     if (size >= 6 && std::memcmp(b, kMagic, 6) == 0)
       usage_error("token file '{}' starts with the .npy magic (\\x93NUMPY): name it .npy", path);
+    // llm.c's token shards (dev/data/*.bin) start with 256 int32: magic, version, token count.
+    // Version 1 holds uint16 GPT-2 tokens; version 2 holds uint32 (LLaMA 3) tokens.
+    if (size >= kLlmcHeaderBytes && load_le32(b) == kLlmcMagic) {
+      const uint32_t version = load_le32(b + 4), count = load_le32(b + 8);
+      if (version != 1)
+        usage_error(
+            "token file '{}' is an llm.c shard of version {}; only version 1 (uint16 tokens) is "
+            "read",
+            path, version);
+      if (size != kLlmcHeaderBytes + 2 * size_t{count})
+        usage_error(
+            "token file '{}': its llm.c header says {} tokens ({} bytes with the header) but the "
+            "file has {} bytes",
+            path, count, kLlmcHeaderBytes + 2 * size_t{count}, size);
+      t.tokens_ = reinterpret_cast<const uint16_t*>(b + kLlmcHeaderBytes);
+      t.n_ = count;
+      return t;
+    }
     if (size % 2 != 0)
       usage_error("token file '{}' has an odd size ({} bytes); a raw .bin holds uint16 tokens",
                   path, size);

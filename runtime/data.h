@@ -77,7 +77,8 @@ void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pie
 
 class TokenFile {
  public:
-  // `.npy` (any case) is parsed as NumPy; every other extension is raw little-endian uint16.
+  // `.npy` (any case) is parsed as NumPy; every other extension is raw little-endian uint16, or an
+  // llm.c token shard (a 1 KiB header: int32 magic 20240520, version 1, token count; then uint16).
   static TokenFile open(const std::string& path);
 
   TokenFile(TokenFile&&) noexcept = default;

@@ -211,6 +211,21 @@ stop_run USR1 138 "$tmp/stopped2" $mpirun -np 2 "$trainer" "${small[@]}" "${data
   --steps 1000000 --shard-optim --out "$tmp/stopped2"
 [[ -n $ckpt ]] && expect 0 "resumed from .*stopped2/step_" $mpirun -np 2 "$trainer" "${small[@]}" \
   "${data[@]}" --steps $(( ${ckpt##*_} + 2 )) --shard-optim --out "$tmp/stopped2" --resume "$ckpt"
+# An llm.c token shard (1 KiB header, then uint16 tokens) trains exactly like the same tokens raw.
+"$tokenize" --out-train "$tmp/raw.bin" --out-val "$tmp/raw_val.bin" "$tmp/text.txt" > /dev/null
+python3 -c "
+import struct, sys
+body = open(sys.argv[1], 'rb').read()
+header = struct.pack('<256i', *([20240520, 1, len(body) // 2] + [0] * 253))
+open(sys.argv[2], 'wb').write(header + body)" "$tmp/raw.bin" "$tmp/llmc.bin"
+loss3() {  # loss3 DATA: the log's loss after 3 steps on DATA
+  "$trainer" "${small[@]}" --data "$1" --steps 3 --log-every 1 2>&1 |
+    grep -oE "step +3/3 \| loss [0-9.]+"
+}
+raw=$(loss3 "$tmp/raw.bin")
+llmc=$(loss3 "$tmp/llmc.bin")
+if [[ -n $raw && $raw == "$llmc" ]]; then passed=$((passed + 1)); else
+  echo "FAIL: the llm.c shard trained differently: '$llmc' vs raw '$raw'"; failures=$((failures + 1)); fi
 # Values out of range that the flags' types accept.
 expect 2 "--min-lr must be a finite number in \\[0, --lr" "$trainer" "${small[@]}" "${data[@]}" --min-lr 1
 expect 2 "--peak-tflops must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" \

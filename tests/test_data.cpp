@@ -122,6 +122,29 @@ TEST_CASE("parse_sampler") {
                       ContainsSubstring("--sampler") && ContainsSubstring("'shuffle'"));
 }
 
+TEST_CASE("llm.c token shards: read past their header; other versions and sizes refused") {
+  TempDir dir;
+  std::vector<uint16_t> tok(300);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<uint16_t>(i * 7 % 50257);
+  auto shard = [&](const std::string& name, int32_t version, int32_t count, size_t tokens) {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;
+    header[1] = version;
+    header[2] = count;
+    std::string bytes(reinterpret_cast<const char*>(header.data()), header.size() * 4);
+    bytes.append(reinterpret_cast<const char*>(tok.data()), tokens * 2);
+    write_bytes(dir.file(name), bytes);
+    return dir.file(name);
+  };
+  const TokenFile t = TokenFile::open(shard("ok.bin", 1, 300, 300));
+  REQUIRE(t.size() == 300);
+  CHECK(std::equal(tok.begin(), tok.end(), t.data()));
+  REQUIRE_THROWS_WITH(TokenFile::open(shard("v2.bin", 2, 150, 300)),
+                      ContainsSubstring("llm.c shard of version 2"));
+  REQUIRE_THROWS_WITH(TokenFile::open(shard("short.bin", 1, 300, 299)),
+                      ContainsSubstring("header says 300 tokens"));
+}
+
 TEST_CASE("npy and bin round trip; fill_rows returns the shifted windows") {
   TempDir dir;
   std::vector<uint16_t> tok(1000);
