@@ -1,6 +1,7 @@
 #include "runtime/data.h"
 
 #include <fcntl.h>
+#include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -492,22 +493,71 @@ int64_t Sampler::offset(int64_t step, int64_t row) const {
   return static_cast<int64_t>((static_cast<unsigned __int128>(h) * static_cast<uint64_t>(m)) >> 64);
 }
 
-void fill_rows(const TokenFile& f, const Sampler& s, int64_t step, int64_t row_begin,
+TokenStream TokenStream::open(const std::string& spec) {
+  TokenStream t;
+  t.spec_ = spec;
+  size_t begin = 0;
+  while (begin <= spec.size()) {
+    const size_t comma = std::min(spec.find(',', begin), spec.size());
+    const std::string item = spec.substr(begin, comma - begin);
+    begin = comma + 1;
+    if (item.empty()) usage_error("--data '{}': an empty file name in the list", spec);
+    std::vector<std::string> paths{item};
+    if (item.find_first_of("*?[") != std::string::npos) {
+      glob_t g{};
+      const int rc = ::glob(item.c_str(), 0, nullptr, &g);  // matches sorted by name
+      paths.assign(g.gl_pathv, g.gl_pathv + (rc == 0 ? g.gl_pathc : 0));
+      globfree(&g);
+      if (paths.empty()) usage_error("--data '{}': the pattern '{}' matches no file", spec, item);
+    }
+    for (const std::string& p : paths) {
+      t.files_.push_back(TokenFile::open(p));
+      t.starts_.push_back(t.starts_.back() + t.files_.back().size());
+    }
+  }
+  return t;
+}
+
+void TokenStream::check_vocab(int64_t vocab) const {
+  for (const TokenFile& f : files_) f.check_vocab(vocab);
+}
+
+void TokenStream::check_length(int64_t ctx) const {
+  if (files_.size() == 1) return files_[0].check_length(ctx);
+  TRAINER_CHECK(ctx > 0, "context length {} must be positive", ctx);
+  if (size() < ctx + 2)
+    usage_error(
+        "token files '{}' are too short: {} tokens in all, but context length {} needs at "
+        "least {}",
+        spec_, size(), ctx, ctx + 2);
+}
+
+void TokenStream::read(int64_t offset, int64_t n, int32_t* out) const {
+  TRAINER_CHECK(offset >= 0 && n >= 0 && offset + n <= size(), "tokens [{}, {}) outside [0, {})",
+                offset, offset + n, size());
+  // The file holding `offset`, then on across file boundaries.
+  size_t f = std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin() - 1;
+  while (n > 0) {
+    const int64_t local = offset - starts_[f];
+    const int64_t take = std::min(n, files_[f].size() - local);
+    const uint16_t* tok = files_[f].data() + local;
+    for (int64_t i = 0; i < take; ++i) out[i] = tok[i];
+    out += take, offset += take, n -= take, ++f;
+  }
+}
+
+void fill_rows(const TokenStream& f, const Sampler& s, int64_t step, int64_t row_begin,
                int64_t n_rows, int32_t* inputs, int32_t* targets) {
-  TRAINER_CHECK(f.size() == s.n_tokens, "sampler built for {} tokens, file '{}' has {}", s.n_tokens,
-                f.path(), f.size());
+  TRAINER_CHECK(f.size() == s.n_tokens, "sampler built for {} tokens, '{}' has {}", s.n_tokens,
+                f.spec(), f.size());
   TRAINER_CHECK(row_begin >= 0 && n_rows >= 0 && row_begin + n_rows <= s.global_rows,
                 "rows [{}, {}) outside [0, {})", row_begin, row_begin + n_rows, s.global_rows);
   const int64_t T = s.ctx;
-  const uint16_t* tok = f.data();
+  std::vector<int32_t> window(T + 1);
   for (int64_t i = 0; i < n_rows; ++i) {
-    const int64_t o = s.offset(step, row_begin + i);  // o + T + 1 <= N - 1 < N
-    int32_t* in = inputs + i * T;
-    int32_t* tg = targets + i * T;
-    for (int64_t t = 0; t < T; ++t) {
-      in[t] = tok[o + t];
-      tg[t] = tok[o + t + 1];
-    }
+    f.read(s.offset(step, row_begin + i), T + 1, window.data());  // o + T + 1 <= N - 1 < N
+    std::copy(window.begin(), window.end() - 1, inputs + i * T);
+    std::copy(window.begin() + 1, window.end(), targets + i * T);
   }
 }
 

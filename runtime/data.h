@@ -102,6 +102,28 @@ class TokenFile {
   int64_t n_ = 0;
 };
 
+// The training (or validation) tokens: one file, or several read as their concatenation in the
+// order given -- llm.c's shards, say. `spec` is a path, a comma-separated list of paths, or a glob
+// pattern (its matches in name order), or a list of those. SPEC.md's N is the total.
+class TokenStream {
+ public:
+  static TokenStream open(const std::string& spec);
+
+  int64_t size() const { return starts_.back(); }
+  const std::string& spec() const { return spec_; }
+  const std::vector<TokenFile>& files() const { return files_; }
+  // Every file's ids < vocab (the message names the file and position); enough tokens for ctx.
+  void check_vocab(int64_t vocab) const;
+  void check_length(int64_t ctx) const;
+  // Tokens [offset, offset + n) of the concatenation, as int32, into out[n].
+  void read(int64_t offset, int64_t n, int32_t* out) const;
+
+ private:
+  std::string spec_;
+  std::vector<TokenFile> files_;
+  std::vector<int64_t> starts_{0};  // where each file begins in the concatenation; then the total
+};
+
 // Writes a NumPy 1.0 `.npy` of dtype '<u2' (header padded so the data starts at byte 64*k).
 void write_npy_u16(const std::string& path, const uint16_t* data, int64_t n);
 // The inverse of TokenFile::open: `.npy` by extension, raw little-endian `.bin` otherwise.
@@ -129,7 +151,7 @@ struct Sampler {
 
 // Rows row_begin .. row_begin + n_rows - 1 of `step`, ctx tokens each, row-major into
 // inputs[n_rows * ctx] and targets[n_rows * ctx].
-void fill_rows(const TokenFile& f, const Sampler& s, int64_t step, int64_t row_begin,
+void fill_rows(const TokenStream& f, const Sampler& s, int64_t step, int64_t row_begin,
                int64_t n_rows, int32_t* inputs, int32_t* targets);
 
 }  // namespace trainer

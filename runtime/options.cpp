@@ -55,7 +55,9 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--ctx", ctx, "context length T (tokens per sequence)");
   (void)model;
 
-  app.add_option("--data", o.data, "training tokens: uint16 .npy or raw .bin");
+  app.add_option("--data", o.data,
+                 "training tokens: uint16 .npy, raw .bin or llm.c shard; a comma-separated list "
+                 "or a glob pattern reads several files as one");
   app.add_option("--val-data", o.val_data, "validation tokens (same formats)");
   app.add_option("--sampler", o.sampler, "random | sequential");
   app.add_option("--batch", o.batch, "sequences per rank per micro-step (B)");

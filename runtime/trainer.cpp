@@ -266,7 +266,7 @@ class Run {
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GradSync> sync_;
   std::unique_ptr<StepTimer> timer_;
-  std::optional<TokenFile> train_, val_;
+  std::optional<TokenStream> train_, val_;
   Sampler sampler_;
   LrSchedule schedule_;
   std::vector<int32_t> inputs_, targets_;
@@ -352,11 +352,11 @@ void Run::setup() {
     if (device_ == DeviceKind::kCpu && o_.comm_sms != 0)
       usage_error("--comm-sms {} needs --device cuda", o_.comm_sms);
     if (!o_.benchmark) {
-      train_.emplace(TokenFile::open(o_.data));
+      train_.emplace(TokenStream::open(o_.data));
       train_->check_length(o_.config.ctx);
       train_->check_vocab(o_.config.vocab);
       if (!o_.val_data.empty()) {
-        val_.emplace(TokenFile::open(o_.val_data));
+        val_.emplace(TokenStream::open(o_.val_data));
         val_->check_length(o_.config.ctx);
         val_->check_vocab(o_.config.vocab);
       }

@@ -226,6 +226,19 @@ raw=$(loss3 "$tmp/raw.bin")
 llmc=$(loss3 "$tmp/llmc.bin")
 if [[ -n $raw && $raw == "$llmc" ]]; then passed=$((passed + 1)); else
   echo "FAIL: the llm.c shard trained differently: '$llmc' vs raw '$raw'"; failures=$((failures + 1)); fi
+# The same tokens in two llm.c shards, given as a glob: the same training again.
+python3 -c "
+import struct, sys
+body = open(sys.argv[1], 'rb').read()
+cut = len(body) // 4 * 2  # a token boundary near the middle
+for name, part in ((sys.argv[2], body[:cut]), (sys.argv[3], body[cut:])):
+    open(name, 'wb').write(struct.pack('<256i', *([20240520, 1, len(part) // 2] + [0] * 253)) + part)
+" "$tmp/raw.bin" "$tmp/shard_a.bin" "$tmp/shard_b.bin"
+shards=$(loss3 "$tmp/shard_*.bin")
+if [[ -n $raw && $raw == "$shards" ]]; then passed=$((passed + 1)); else
+  echo "FAIL: two shards trained differently: '$shards' vs raw '$raw'"; failures=$((failures + 1)); fi
+expect 2 "the pattern '.*nothing_\\*.bin' matches no file" "$trainer" "${small[@]}" \
+  --data "$tmp/nothing_*.bin"
 # Values out of range that the flags' types accept.
 expect 2 "--min-lr must be a finite number in \\[0, --lr" "$trainer" "${small[@]}" "${data[@]}" --min-lr 1
 expect 2 "--peak-tflops must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" \

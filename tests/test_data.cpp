@@ -145,6 +145,55 @@ TEST_CASE("llm.c token shards: read past their header; other versions and sizes 
                       ContainsSubstring("header says 300 tokens"));
 }
 
+TEST_CASE("several token files read as their concatenation: lists and globs") {
+  TempDir dir;
+  std::vector<uint16_t> tok(1000);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<uint16_t>((i * 7919) % 65536);
+  write_token_file(dir.file("all.bin"), tok.data(), 1000);
+  // Shards of uneven sizes, one of them a .npy, named so that name order is token order.
+  const int64_t cuts[] = {0, 7, 300, 301, 1000};
+  for (int k = 0; k < 4; ++k) {
+    const std::string name = dir.file("shard_" + std::to_string(k) + (k == 2 ? ".npy" : ".bin"));
+    if (k == 2)
+      write_npy_u16(name, tok.data() + cuts[k], cuts[k + 1] - cuts[k]);
+    else
+      write_token_file(name, tok.data() + cuts[k], cuts[k + 1] - cuts[k]);
+  }
+  const TokenStream one = TokenStream::open(dir.file("all.bin"));
+  const std::string list = dir.file("shard_0.bin") + "," + dir.file("shard_1.bin") + "," +
+                           dir.file("shard_2.npy") + "," + dir.file("shard_3.bin");
+  for (const std::string& spec :
+       {list, dir.file("shard_*"), dir.file("shard_[01].bin") + "," + dir.file("shard_[23].*")}) {
+    INFO(spec);
+    const TokenStream many = TokenStream::open(spec);
+    REQUIRE(many.files().size() == 4);
+    REQUIRE(many.size() == 1000);
+    // Every window, across every boundary, reads what the single file holds.
+    std::vector<int32_t> a(12), b(12);
+    for (int64_t o = 0; o + 12 <= 1000; ++o) {
+      one.read(o, 12, a.data());
+      many.read(o, 12, b.data());
+      REQUIRE(a == b);
+    }
+    const Sampler s{SamplerKind::kRandom, 3, 1000, 10, 8};
+    std::vector<int32_t> in1(80), tg1(80), in2(80), tg2(80);
+    fill_rows(one, s, 2, 0, 8, in1.data(), tg1.data());
+    fill_rows(many, s, 2, 0, 8, in2.data(), tg2.data());
+    REQUIRE(in1 == in2);
+    REQUIRE(tg1 == tg2);
+  }
+  REQUIRE_THROWS_WITH(TokenStream::open(dir.file("nothing_*.bin")),
+                      ContainsSubstring("matches no file"));
+  REQUIRE_THROWS_WITH(TokenStream::open(dir.file("all.bin") + ","),
+                      ContainsSubstring("an empty file name"));
+  REQUIRE_THROWS_WITH(TokenStream::open(dir.file("shard_0.bin") + "," + dir.file("missing.bin")),
+                      ContainsSubstring("missing.bin"));
+  // Too short in all: the message names the list.
+  REQUIRE_THROWS_WITH(
+      TokenStream::open(dir.file("shard_0.bin") + "," + dir.file("shard_2.npy")).check_length(8),
+      ContainsSubstring("too short: 8 tokens in all"));
+}
+
 TEST_CASE("npy and bin round trip; fill_rows returns the shifted windows") {
   TempDir dir;
   std::vector<uint16_t> tok(1000);
@@ -172,11 +221,12 @@ TEST_CASE("npy and bin round trip; fill_rows returns the shifted windows") {
     TokenFile moved = std::move(f);  // the mapping moves with it
     REQUIRE(moved.data()[999] == tok[999]);
 
+    const TokenStream stream = TokenStream::open(dir.file(name));
     const int64_t T = 10, G = 6;
     for (SamplerKind kind : {SamplerKind::kSequential, SamplerKind::kRandom}) {
-      Sampler s{kind, 5, moved.size(), T, G};
+      Sampler s{kind, 5, stream.size(), T, G};
       std::vector<int32_t> in(3 * T), tg(3 * T);
-      fill_rows(moved, s, 4, 2, 3, in.data(), tg.data());  // rows 2, 3, 4 of step 4
+      fill_rows(stream, s, 4, 2, 3, in.data(), tg.data());  // rows 2, 3, 4 of step 4
       for (int64_t i = 0; i < 3; ++i) {
         const int64_t o = s.offset(4, 2 + i);
         if (kind == SamplerKind::kSequential) REQUIRE(o == ((4 * G + 2 + i) * T) % (1000 - T - 1));
