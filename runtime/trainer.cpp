@@ -404,6 +404,18 @@ void Run::setup() {
     schedule_ = LrSchedule{o_.lr, o_.min_lr, o_.warmup, o_.steps};
     if (!o_.benchmark) schedule_.validate();
   });
+  // Every rank must read the same tokens (a shared file system): compare the counts.
+  for (const auto* data : {&train_, &val_}) {
+    const int64_t n = *data ? (*data)->size() : 0;
+    const int64_t most = world_.max(n), least = -world_.max(-n);
+    agree_on_usage_errors(world_, [&] {
+      if (most != least && n != least)
+        usage_error(
+            "'{}' holds {} tokens on rank {} but {} on another rank: every rank must read "
+            "the same files (a shared file system)",
+            (*data)->spec(), n, rank_, least);
+    });
+  }
   if (rank_ == 0 && !o_.benchmark && o_.warmup > o_.steps)
     spdlog::warn("--warmup {} > --steps {}: the learning rate never reaches --lr {}", o_.warmup,
                  o_.steps, o_.lr);

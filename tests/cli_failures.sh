@@ -268,6 +268,19 @@ if [[ $rc -eq 0 && $(grep -c "^Usage" <<<"$out") -eq 1 ]]; then passed=$((passed
 expect 2 "--ddp none needs a single rank" $mpirun -np 2 "$trainer" "${small[@]}" "${data[@]}" --ddp none
 expect 2 "settings differ from rank 0's: first difference --lr" \
   $mpirun -np 1 "$trainer" "${small[@]}" "${data[@]}" --lr 1e-3 : -np 1 "$trainer" "${small[@]}" "${data[@]}" --lr 2e-3
+# Ranks that read different token files under one name (here: each its own working directory, as
+# on nodes without a shared file system) are refused on every rank.
+mkdir -p "$tmp/wdA" "$tmp/wdB"
+cp "$tmp/raw.bin" "$tmp/wdA/tok.bin"
+head -c 1000 "$tmp/raw.bin" > "$tmp/wdB/tok.bin"
+abs_trainer=$(realpath "$trainer")
+out=$(timeout 120 $mpirun -np 1 --wdir "$tmp/wdA" "$abs_trainer" "${small[@]}" --data tok.bin : \
+  -np 1 --wdir "$tmp/wdB" "$abs_trainer" "${small[@]}" --data tok.bin 2>&1)
+rc=$?
+if [[ $rc -eq 2 && $(grep -c "tok.bin' holds .* but 500 on another rank" <<<"$out") -eq 2 ]]; then
+  passed=$((passed + 1)); else
+  echo "FAIL: ranks with different token files (exit $rc)"; echo "$out" | tail -3 | sed 's/^/    /'
+  failures=$((failures + 1)); fi
 # A bad file seen by every rank: each rank prints the error.
 out=$(timeout 120 $mpirun -np 2 "$trainer" "${small[@]}" --data "$tmp/missing.npy" 2>&1)
 if [[ $(grep -c "missing.npy" <<<"$out") -ge 2 ]]; then passed=$((passed + 1)); else
