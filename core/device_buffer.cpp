@@ -37,12 +37,9 @@ DeviceBuffer::DeviceBuffer(DeviceKind device, DType dtype, int64_t count) {
       int gpu = -1;
       cudaMemGetInfo(&free_bytes, &total_bytes);
       cudaGetDevice(&gpu);
-      usage_error(
-          "out of memory on GPU {} allocating {:.2f} GiB ({:.2f} of {:.2f} GiB free): reduce "
-          "--batch "
-          "(raise --grad-accum to keep the global batch), --ctx or the model, or shard the "
-          "optimizer state with --shard-optim",
-          gpu, bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0);
+      usage_error("out of memory on GPU {} allocating {:.2f} GiB ({:.2f} of {:.2f} GiB free): {}",
+                  gpu, bytes / 1073741824.0, free_bytes / 1073741824.0, total_bytes / 1073741824.0,
+                  kOutOfMemoryAdvice);
     } else if (err != cudaSuccess) {
       cuda_fail(err, "cudaMalloc", __FILE__, __LINE__);
     }

@@ -40,9 +40,8 @@ int main(int argc, char** argv) {
     // An error on this rank alone (I/O, a device, a collective, memory): stop every rank.
     spdlog::critical("{}: {}", dynamic_cast<const UsageError*>(&e) ? "error" : "fatal",
                      dynamic_cast<const std::bad_alloc*>(&e)
-                         ? "out of host memory: reduce --batch, --ctx or the model size, or "
-                           "spread the optimizer state with --shard-optim over more ranks"
-                         : e.what());
+                         ? fmt::format("out of host memory: {}", kOutOfMemoryAdvice)
+                         : std::string(e.what()));
     code = dynamic_cast<const UsageError*>(&e) ? 2 : 1;
     if (world.world() > 1) MPI_Abort(MPI_COMM_WORLD, code);
   }

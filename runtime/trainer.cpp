@@ -120,15 +120,9 @@ void continue_metrics(const std::string& out, int64_t step) {
   std::ofstream side(aside, std::ios::app);
   side << superseded;
   side.close();
-  const fs::path tmp = fs::path(out) / "metrics.jsonl.tmp";
-  std::ofstream rewritten(tmp, std::ios::trunc);
-  rewritten << kept;
-  rewritten.close();
-  if (!side || !rewritten)
-    usage_error("--out {}: cannot rewrite metrics.jsonl for the resumed run ({})", out,
-                std::strerror(errno));
-  fs::rename(tmp, file, ec);
-  if (ec) usage_error("--out {}: cannot replace metrics.jsonl: {}", out, ec.message());
+  if (!side)
+    usage_error("--out {}: cannot write {} ({})", out, aside.string(), std::strerror(errno));
+  write_file_atomic(file.string(), {{kept.data(), kept.size()}});
   spdlog::info(
       "{}: {} line(s) of metrics.jsonl written after step {} by the interrupted run moved to {}",
       step > 0 ? fmt::format("resuming at step {}", step)

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -80,4 +81,20 @@ inline std::string open_fifo_without_waiting(const std::string& fifo,
   watchdog.join();
   CHECK_FALSE(released);  // true: the open blocked until the watchdog's writer came
   return message;
+}
+
+// `open` refuses the FIFO `fifo` (created here) and the character devices /dev/zero and /dev/null
+// at once, each with "<label> '<path>' is not a regular file (a FIFO | a character device)".
+inline void check_special_files_refused(const std::string& fifo, const std::string& label,
+                                        const std::function<void(const std::string&)>& open) {
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string message = open_fifo_without_waiting(fifo, [&] { open(fifo); });
+  INFO(message);
+  CHECK(message == label + " '" + fifo + "' is not a regular file (a FIFO)");
+  for (const char* dev : {"/dev/zero", "/dev/null"}) {
+    if (!std::filesystem::exists(dev)) continue;
+    REQUIRE_THROWS_WITH(
+        open(dev),
+        ContainsSubstring(label + " '" + dev + "' is not a regular file (a character device)"));
+  }
 }

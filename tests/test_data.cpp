@@ -304,22 +304,11 @@ TEST_CASE("bad token files are refused with a message naming the file and the de
 
 TEST_CASE("FIFOs and devices are refused as token files, at once and naming the file") {
   TempDir dir;
-  // open(2) of a FIFO with no writer blocks; the check must come first (--data, --val-data).
-  for (const char* name : {"fifo.npy", "fifo.bin"}) {
-    const std::string fifo = dir.file(name);
-    REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
-    const std::string message =
-        open_fifo_without_waiting(fifo, [&] { (void)TokenFile::open(fifo); });
-    INFO(message);
-    CHECK(message == "token file '" + fifo + "' is not a regular file (a FIFO)");
-  }
-  // A character device never ends (/dev/zero) or is empty (/dev/null); neither is a token file.
-  for (const char* dev : {"/dev/zero", "/dev/null"}) {
-    if (!std::filesystem::exists(dev)) continue;
-    REQUIRE_THROWS_WITH(TokenFile::open(dev),
-                        ContainsSubstring(std::string("token file '") + dev +
-                                          "' is not a regular file (a character device)"));
-  }
+  // open(2) of a FIFO with no writer blocks; the check must come first (--data, --val-data). A
+  // character device never ends (/dev/zero) or is empty (/dev/null); neither is a token file.
+  for (const char* name : {"fifo.npy", "fifo.bin"})
+    check_special_files_refused(dir.file(name), "token file",
+                                [](const std::string& p) { (void)TokenFile::open(p); });
 }
 
 TEST_CASE("a .npy named .bin is refused instead of training on its header bytes") {

@@ -228,18 +228,8 @@ TEST_CASE("truncated, flipped and garbage files are refused, naming the file") {
 TEST_CASE("FIFOs, devices and directories are refused as safetensors files, at once") {
   TempDir dir;
   // --init-from and checkpoint files: open(2) of a FIFO with no writer blocks; it must not.
-  const std::string fifo = dir.file("model.safetensors");
-  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
-  const std::string message =
-      open_fifo_without_waiting(fifo, [&] { (void)SafetensorsReader::open(fifo); });
-  INFO(message);
-  CHECK(message == "safetensors file '" + fifo + "' is not a regular file (a FIFO)");
-  for (const char* dev : {"/dev/zero", "/dev/null"}) {
-    if (!std::filesystem::exists(dev)) continue;
-    REQUIRE_THROWS_WITH(SafetensorsReader::open(dev),
-                        ContainsSubstring(std::string("safetensors file '") + dev +
-                                          "' is not a regular file (a character device)"));
-  }
+  check_special_files_refused(dir.file("model.safetensors"), "safetensors file",
+                              [](const std::string& p) { (void)SafetensorsReader::open(p); });
   REQUIRE_THROWS_WITH(
       SafetensorsReader::open(dir.path),
       ContainsSubstring("safetensors file '" + dir.path + "' is not a regular file (a directory)"));

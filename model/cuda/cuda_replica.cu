@@ -347,10 +347,9 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   if (need > static_cast<int64_t>(free_bytes))
     usage_error(
         "model does not fit: needs {} (params {}, grads {}, activations {}, optimizer {}, "
-        "workspace {}), {} free on GPU {} (reduce --batch and raise --grad-accum, reduce --ctx, "
-        "or spread the optimizer state over more ranks with --shard-optim)",
+        "workspace {}), {} free on GPU {}: {}",
         gib(need), gib(param_bytes), gib(grad_bytes), gib(arena_bytes_), gib(optim_bytes),
-        gib(work_bytes), gib(static_cast<double>(free_bytes)), device_index_);
+        gib(work_bytes), gib(static_cast<double>(free_bytes)), device_index_, kOutOfMemoryAdvice);
 
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.s, cudaStreamNonBlocking));
   mm_ = std::make_unique<Matmul>();
