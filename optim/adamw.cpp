@@ -41,6 +41,33 @@ void check_view(const BufferView& v, int64_t count, DeviceKind device, const cha
                 v.count);
 }
 
+// The terms of a gradient: one f32 view, or 1..kMaxGradTerms bf16 views, all alike.
+void check_terms(const GradTerms& terms, int64_t count, DeviceKind device) {
+  TRAINER_CHECK(!terms.empty(), "a gradient of no terms");
+  const DType dt = terms[0].dtype;
+  TRAINER_CHECK((dt == DType::kF32 && terms.size() == 1) ||
+                    (dt == DType::kBF16 && terms.size() <= static_cast<size_t>(kMaxGradTerms)),
+                "a gradient of {} {} terms (one f32, or 1 to {} bf16)", terms.size(),
+                dtype_name(dt), kMaxGradTerms);
+  for (const BufferView& t : terms) {
+    check_view(t, count, device, "gradient view");
+    TRAINER_CHECK(t.dtype == dt, "gradient terms of mixed types");
+  }
+}
+
+GradTermsArg bf16_terms(const GradTerms& terms) {
+  GradTermsArg a;
+  for (const BufferView& t : terms) a.t[a.k++] = t.as<const uint16_t>();
+  return a;
+}
+
+// Element i of the gradient the bf16 terms add up to, as the CUDA kernels compute it.
+inline float term_sum(const GradTermsArg& a, int64_t i) {
+  float s = 0.0f;
+  for (int j = 0; j < a.k; ++j) s += bf16_bits_to_f32(a.t[j][i]);
+  return s;
+}
+
 }  // namespace
 
 void validate(const AdamWConfig& cfg) {
@@ -71,17 +98,20 @@ void AdamW::step(BufferView grads, BufferView params_out, double lr, int64_t t, 
   step_part({0, count_}, grads, params_out, lr, t, grad_scale, stream);
 }
 
-// AdamW update over the part; the element math is adamw_update() in optim/cuda/adamw.cuh.
 void AdamW::step_part(Range part, BufferView grads, BufferView params_out, double lr, int64_t t,
                       float grad_scale, void* stream) {
+  step_part(part, GradTerms{grads}, params_out, lr, t, grad_scale, stream);
+}
+
+// AdamW update over the part; the element math is adamw_update() in optim/cuda/adamw.cuh.
+void AdamW::step_part(Range part, const GradTerms& grads, BufferView params_out, double lr,
+                      int64_t t, float grad_scale, void* stream) {
   TRAINER_CHECK(t >= 1, "AdamW step number {} (steps count from 1)", t);
   TRAINER_CHECK(std::isfinite(lr) && lr >= 0, "AdamW learning rate {}", lr);
   TRAINER_CHECK(part.begin >= 0 && part.begin <= part.end && part.end <= count_,
                 "AdamW part [{}, {}) of {} elements", part.begin, part.end, count_);
-  check_view(grads, part.size(), device_, "gradient view");
+  check_terms(grads, part.size(), device_);
   check_view(params_out, part.size(), device_, "parameter view");
-  TRAINER_CHECK(grads.dtype == DType::kF32, "gradients are {}, AdamW needs f32",
-                dtype_name(grads.dtype));
   TRAINER_CHECK(params_out.dtype == DType::kF32 || params_out.dtype == DType::kBF16,
                 "AdamW writes f32 or bf16 parameters, not {}", dtype_name(params_out.dtype));
   if (part.empty()) return;
@@ -89,43 +119,52 @@ void AdamW::step_part(Range part, BufferView grads, BufferView params_out, doubl
   float* p = master_.as<float>() + part.begin;
   float* m = exp_avg_.as<float>() + part.begin;
   float* v = exp_avg_sq_.as<float>() + part.begin;
-  const float* g = grads.as<const float>();
+  const bool f32 = grads[0].dtype == DType::kF32;
+  const float* g = f32 ? grads[0].as<const float>() : nullptr;
+  const GradTermsArg terms = f32 ? GradTermsArg{} : bf16_terms(grads);
   const int64_t n = part.size();
+  const bool out_bf16 = params_out.dtype == DType::kBF16;
 
   if (device_ == DeviceKind::kCuda) {
 #ifdef TRAINER_WITH_CUDA
-    cuda::adamw_step(p, m, v, g, params_out.data, params_out.dtype == DType::kBF16, n, a, stream);
+    if (f32)
+      cuda::adamw_step(p, m, v, g, params_out.data, out_bf16, n, a, stream);
+    else
+      cuda::adamw_step(p, m, v, terms, params_out.data, out_bf16, n, a, stream);
     return;
 #else
     (void)stream;
     no_cuda("AdamW::step");
 #endif
   }
-  if (params_out.dtype == DType::kF32) {
-    float* out = params_out.as<float>();
+  float* out32 = out_bf16 ? nullptr : params_out.as<float>();
+  uint16_t* out16 = out_bf16 ? params_out.as<uint16_t>() : nullptr;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      adamw_update(p[i], m[i], v[i], g[i], a);
-      out[i] = p[i];
-    }
-  } else {
-    uint16_t* out = params_out.as<uint16_t>();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      adamw_update(p[i], m[i], v[i], g[i], a);
-      out[i] = f32_to_bf16_bits(p[i]);
-    }
+  for (int64_t i = 0; i < n; ++i) {
+    adamw_update(p[i], m[i], v[i], f32 ? g[i] : term_sum(terms, i), a);
+    if (out_bf16)
+      out16[i] = f32_to_bf16_bits(p[i]);
+    else
+      out32[i] = p[i];
   }
 }
 
 double sum_squares(BufferView x, void* stream) {
   TRAINER_CHECK(x.dtype == DType::kF32, "sum_squares of a {} buffer (needs f32)",
                 dtype_name(x.dtype));
-  if (x.count == 0) return 0.0;
-  const float* data = x.as<const float>();
-  if (x.device == DeviceKind::kCuda) {
+  return sum_squares(GradTerms{x}, stream);
+}
+
+double sum_squares(const GradTerms& x, void* stream) {
+  check_terms(x, x.empty() ? 0 : x[0].count, x.empty() ? DeviceKind::kCpu : x[0].device);
+  const int64_t count = x[0].count;
+  if (count == 0) return 0.0;
+  const bool f32 = x[0].dtype == DType::kF32;
+  const float* data = f32 ? x[0].as<const float>() : nullptr;
+  const GradTermsArg terms = f32 ? GradTermsArg{} : bf16_terms(x);
+  if (x[0].device == DeviceKind::kCuda) {
 #ifdef TRAINER_WITH_CUDA
-    return cuda::sum_squares(data, x.count, stream);
+    return f32 ? cuda::sum_squares(data, count, stream) : cuda::sum_squares(terms, count, stream);
 #else
     (void)stream;
     no_cuda("sum_squares");
@@ -134,13 +173,16 @@ double sum_squares(BufferView x, void* stream) {
   // Fixed chunks summed in double, then the chunk sums in order: the result does not depend on
   // the number of threads (an OpenMP reduction clause would combine in arrival order).
   constexpr int64_t kChunk = int64_t{1} << 16;
-  const int64_t chunks = (x.count + kChunk - 1) / kChunk;
+  const int64_t chunks = (count + kChunk - 1) / kChunk;
   std::vector<double> partial(static_cast<size_t>(chunks));
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t end = std::min(x.count, (c + 1) * kChunk);
+    const int64_t end = std::min(count, (c + 1) * kChunk);
     double s = 0.0;
-    for (int64_t i = c * kChunk; i < end; ++i) s += static_cast<double>(data[i]) * data[i];
+    for (int64_t i = c * kChunk; i < end; ++i) {
+      const double e = f32 ? data[i] : term_sum(terms, i);
+      s += e * e;
+    }
     partial[static_cast<size_t>(c)] = s;
   }
   double total = 0.0;

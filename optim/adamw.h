@@ -5,11 +5,18 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/buffer.h"
 #include "core/device_buffer.h"
 
 namespace trainer {
+
+// A gradient as the optimizer reads it: the element-wise sum of its terms, added in order in fp32.
+// Either one f32 view (the reduced gradient), or 1 to 8 bf16 views, one per rank, when the ranks
+// exchange their bf16 gradients whole and sum them here (--grad-transport ce --grad-reduce bf16).
+// Every rank adds the same terms in the same order, so they all apply the same update.
+using GradTerms = std::vector<BufferView>;
 
 // Hyper-parameters; the defaults are SPEC.md's. Weight decay applies to every parameter.
 struct AdamWConfig {
@@ -60,6 +67,9 @@ class AdamW {
   // (the math is per element); ZeRO-1 sends each updated part on while the next is computed.
   void step_part(Range part, BufferView grads, BufferView params_out, double lr, int64_t t,
                  float grad_scale, void* stream = nullptr);
+  // The same with the gradient given as terms (GradTerms), each part.size() elements.
+  void step_part(Range part, const GradTerms& grads, BufferView params_out, double lr, int64_t t,
+                 float grad_scale, void* stream = nullptr);
 
  private:
   DeviceKind device_;
@@ -72,6 +82,8 @@ class AdamW {
 // on CUDA; returns it on the host (synchronises the stream on CUDA). The result is deterministic:
 // the reduction order depends only on the element count (and, on CUDA, the pointer alignment).
 double sum_squares(BufferView x, void* stream = nullptr);
+// The sum of squares of the gradient the terms add up to (each element summed first, in order).
+double sum_squares(const GradTerms& x, void* stream = nullptr);
 
 // dst = src, where src is fp32 and dst fp32 (a copy) or bf16 (round-to-nearest-even, NaN -> the
 // canonical 0x7FFF); both on the same device, same count. Refreshes working parameters from fp32

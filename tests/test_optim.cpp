@@ -1,5 +1,5 @@
-// CPU tests of optim/: AdamW against values computed by hand in double, the LR schedule, the
-// clipping scale, sum_squares and the bf16 cast.
+// CPU tests of optim/: AdamW against values computed by hand in double, AdamW over bf16 gradient
+// terms, the LR schedule, the clipping scale, sum_squares and the bf16 cast.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -8,6 +8,7 @@
 
 #include "core/device_buffer.h"
 #include "optim/adamw.h"
+#include "optim/cuda/adamw.cuh"
 #include "optim/schedule.h"
 #include "tests/catch.h"
 
@@ -185,6 +186,57 @@ TEST_CASE("AdamW rejects bad hyper-parameters and mismatched buffers") {
   REQUIRE_THROWS_AS(opt.step(g64, cpu_view(out), 1e-3, 1, 1.0f), RuntimeError);
   // A refused step leaves the state untouched.
   for (float x : to_vector(opt.exp_avg())) REQUIRE(x == 0.0f);
+}
+
+// --grad-transport ce --grad-reduce bf16: each rank holds every rank's bf16 gradient, and the
+// update reads their sum. The terms must give exactly the update (and the norm) of the fp32
+// gradient 0 + t0 + t1 + t2 added in that order.
+TEST_CASE("AdamW and sum_squares over bf16 gradient terms equal the fp32 sum of the terms") {
+  const int64_t n = 1000;
+  std::vector<std::vector<uint16_t>> terms(3, std::vector<uint16_t>(n));
+  std::vector<float> sum(n);
+  for (int64_t i = 0; i < n; ++i) {
+    float s = 0.0f;
+    for (int j = 0; j < 3; ++j) {
+      // Values whose sum rounds in fp32: large and small magnitudes mixed, both signs.
+      const float x = std::ldexp(static_cast<float>((i * 7 + j * 13) % 97) - 48.0f,
+                                 static_cast<int>((i + 5 * j) % 40) - 30);
+      terms[j][i] = f32_to_bf16_bits(x);
+      s += bf16_bits_to_f32(terms[j][i]);
+    }
+    sum[i] = s;
+  }
+  GradTerms views;
+  for (auto& t : terms) views.push_back(BufferView{t.data(), n, DType::kBF16, DeviceKind::kCpu});
+  REQUIRE(sum_squares(views) == sum_squares(cpu_view(sum)));
+  REQUIRE(sum_squares(cpu_view(sum)) > 0);
+
+  AdamW by_terms(DeviceKind::kCpu, n, {}), by_sum(DeviceKind::kCpu, n, {});
+  std::vector<float> out_terms(n), out_sum(n);
+  for (int t = 1; t <= 2; ++t) {
+    by_terms.step_part({0, n}, views, cpu_view(out_terms), 1e-3, t, 0.5f);
+    by_sum.step(cpu_view(sum), cpu_view(out_sum), 1e-3, t, 0.5f);
+  }
+  REQUIRE(std::memcmp(out_terms.data(), out_sum.data(), n * sizeof(float)) == 0);
+  REQUIRE(to_vector(by_terms.exp_avg_sq()) == to_vector(by_sum.exp_avg_sq()));
+
+  // Refused: no terms, two fp32 terms, mixed types, more than 8, a short term.
+  std::vector<float> out(n);
+  REQUIRE_THROWS_AS(by_terms.step_part({0, n}, GradTerms{}, cpu_view(out), 1e-3, 3, 1.0f),
+                    RuntimeError);
+  REQUIRE_THROWS_AS(by_terms.step_part({0, n}, GradTerms{cpu_view(sum), cpu_view(sum)},
+                                       cpu_view(out), 1e-3, 3, 1.0f),
+                    RuntimeError);
+  REQUIRE_THROWS_AS(
+      by_terms.step_part({0, n}, GradTerms{views[0], cpu_view(sum)}, cpu_view(out), 1e-3, 3, 1.0f),
+      RuntimeError);
+  REQUIRE_THROWS_AS(
+      by_terms.step_part({0, n}, GradTerms(9, views[0]), cpu_view(out), 1e-3, 3, 1.0f),
+      RuntimeError);
+  REQUIRE_THROWS_AS(by_terms.step_part({0, n}, GradTerms{views[0], views[1].slice(0, n - 1)},
+                                       cpu_view(out), 1e-3, 3, 1.0f),
+                    RuntimeError);
+  REQUIRE_THROWS_AS(sum_squares(GradTerms{}), RuntimeError);
 }
 
 // Reference values (python3, double) for lr=1e-3, min_lr=1e-4, W=10, S=110:

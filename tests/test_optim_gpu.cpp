@@ -1,5 +1,6 @@
 // GPU tests of optim/: the CUDA AdamW step, sum_squares and bf16 cast against the CPU
-// implementation (the reference) on 1e6+3 random elements. Skipped (exit 77) without a GPU.
+// implementation (the reference) on 1e6+3 random elements, with fp32 gradients and with gradients
+// given as the sum of bf16 terms. Skipped (exit 77) without a GPU.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -117,7 +118,64 @@ void compare_adamw(DType out_dtype, int64_t offset) {
   }
 }
 
+// k bf16 gradient terms of n elements (random, rounded), on the host.
+std::vector<std::vector<uint16_t>> bf16_terms(int k, int64_t n, uint32_t seed) {
+  std::vector<std::vector<uint16_t>> terms;
+  for (int j = 0; j < k; ++j) {
+    std::vector<float> f = random_floats(n, 1e-2f, seed + j);
+    std::vector<uint16_t> t(static_cast<size_t>(n));
+    cast_f32_to_params(host_view(f), BufferView{t.data(), n, DType::kBF16, DeviceKind::kCpu});
+    terms.push_back(std::move(t));
+  }
+  return terms;
+}
+
+// The gradient as the sum of k bf16 terms (--grad-transport ce --grad-reduce bf16): 2 AdamW
+// steps and the sum of squares on the GPU against the CPU, with the views `offset` elements into
+// their buffers (offset 1: the scalar kernels).
+void compare_terms(int k, int64_t offset) {
+  const AdamWConfig cfg;
+  const std::vector<float> p0 = random_floats(kN, 0.02f, 3);
+  AdamW cpu(DeviceKind::kCpu, kN, cfg), gpu(DeviceKind::kCuda, kN, cfg);
+  copy(cpu.master(), BufferView{const_cast<float*>(p0.data()), kN, DType::kF32, DeviceKind::kCpu});
+  copy(gpu.master(), cpu.master());
+  DeviceBuffer cpu_out(DeviceKind::kCpu, DType::kBF16, kN);
+  DeviceBuffer gpu_out(DeviceKind::kCuda, DType::kBF16, kN);
+  std::vector<DeviceBuffer> device_terms;
+  for (int t = 1; t <= 2; ++t) {
+    std::vector<std::vector<uint16_t>> host = bf16_terms(k, kN, 50 * t);
+    GradTerms on_cpu, on_gpu;
+    device_terms.clear();
+    for (auto& h : host) {
+      on_cpu.push_back(BufferView{h.data(), kN, DType::kBF16, DeviceKind::kCpu});
+      device_terms.emplace_back(DeviceKind::kCuda, DType::kBF16, kN + offset);
+      copy(device_terms.back().slice(offset, kN), on_cpu.back());
+      on_gpu.push_back(device_terms.back().slice(offset, kN));
+    }
+    const double sq_cpu = sum_squares(on_cpu), sq_gpu = sum_squares(on_gpu);
+    CHECK_THAT(sq_gpu, WithinRel(sq_cpu, 1e-6));
+    CHECK(sq_cpu > 0);
+    cpu.step_part({0, kN}, on_cpu, cpu_out.view(), 1e-3, t, 0.5f);
+    gpu.step_part({0, kN}, on_gpu, gpu_out.view(), 1e-3, t, 0.5f);
+  }
+  const std::vector<float> cm = download<float>(cpu.master());
+  CHECK(count_rel_mismatch(download<float>(gpu.master()), cm, 1e-6) == 0);
+  CHECK(count_rel_mismatch(download<float>(gpu.exp_avg_sq()), download<float>(cpu.exp_avg_sq()),
+                           1e-6) == 0);
+  int64_t moved = 0;
+  for (int64_t i = 0; i < kN; ++i) moved += cm[i] != p0[i];
+  CHECK(moved > kN / 2);
+}
+
 }  // namespace
+
+TEST_CASE("GPU AdamW and sum_squares over bf16 gradient terms match the CPU") {
+  for (int k : {1, 2, 3})
+    for (int64_t offset : {0, 1}) {
+      INFO(k << " terms, offset " << offset);
+      compare_terms(k, offset);
+    }
+}
 
 TEST_CASE("GPU AdamW matches the CPU reference, fp32 params, aligned and unaligned") {
   compare_adamw(DType::kF32, 0);

@@ -1,6 +1,7 @@
 // CUDA kernels of the optimizer: the AdamW update (memory bound: 16 bytes read and 12-14 written
 // per element, so float4 loads and a grid-stride loop), the deterministic sum of squares behind
-// the gradient norm, and the fp32 -> bf16 parameter cast.
+// the gradient norm, and the fp32 -> bf16 parameter cast. The gradient is one fp32 buffer or the
+// sum of bf16 copies, one per rank (--grad-transport ce --grad-reduce bf16), added as it is read.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/error.h"
 #include "optim/cuda/adamw.cuh"
 
 namespace trainer::cuda {
@@ -51,13 +53,80 @@ __device__ inline void store4(__nv_bfloat16* out, int64_t i4, float4 p) {
   reinterpret_cast<uint2*>(out)[i4] = packed;
 }
 
+// ---- gradient sources: one fp32 buffer, or the sum of bf16 copies (one per rank) ----
+
+// One fp32 gradient.
+struct F32Grad {
+  const float* __restrict__ g;
+  __device__ float4 load4(int64_t i4) const { return reinterpret_cast<const float4*>(g)[i4]; }
+  __device__ float load1(int64_t i) const { return g[i]; }
+  bool vec_ok() const { return aligned(g, 16); }
+};
+
+// The sum of K bf16 gradients, added in term order in fp32 (the same bits on every rank). K is a
+// template argument so that the loads of all terms are issued before the adds.
+template <int K>
+struct Bf16SumGrad {
+  GradTermsArg terms;
+  __device__ float4 load4(int64_t i4) const {
+    uint2 raw[K];
+#pragma unroll
+    for (int j = 0; j < K; ++j) raw[j] = reinterpret_cast<const uint2*>(terms.t[j])[i4];
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      s.x += __uint_as_float(raw[j].x << 16);
+      s.y += __uint_as_float(raw[j].x & 0xffff0000u);
+      s.z += __uint_as_float(raw[j].y << 16);
+      s.w += __uint_as_float(raw[j].y & 0xffff0000u);
+    }
+    return s;
+  }
+  __device__ float load1(int64_t i) const {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < K; ++j) s += __uint_as_float(uint32_t{terms.t[j][i]} << 16);
+    return s;
+  }
+  bool vec_ok() const {
+    for (int j = 0; j < K; ++j)
+      if (!aligned(terms.t[j], 8)) return false;
+    return true;
+  }
+};
+
+// Calls fn(Bf16SumGrad<K>{terms}) with K = terms.k.
+template <typename Fn>
+auto with_terms(const GradTermsArg& terms, Fn fn) {
+  switch (terms.k) {
+    case 1:
+      return fn(Bf16SumGrad<1>{terms});
+    case 2:
+      return fn(Bf16SumGrad<2>{terms});
+    case 3:
+      return fn(Bf16SumGrad<3>{terms});
+    case 4:
+      return fn(Bf16SumGrad<4>{terms});
+    case 5:
+      return fn(Bf16SumGrad<5>{terms});
+    case 6:
+      return fn(Bf16SumGrad<6>{terms});
+    case 7:
+      return fn(Bf16SumGrad<7>{terms});
+    case 8:
+      return fn(Bf16SumGrad<8>{terms});
+  }
+  runtime_error("{} bf16 gradient terms (1 to {})", terms.k, kMaxGradTerms);
+}
+
 // ---- AdamW: math in adamw_update() (adamw.cuh), shared with the CPU loop ----
 
 // Groups of four elements through float4, grid-stride; the last n % 4 elements are done by the
-// first threads of the grid. All pointers must be 16-byte aligned (out: 16 for fp32, 8 for bf16).
-template <typename OutT>
-__global__ void adamw_vec4_kernel(float* master, float* m, float* v, const float* __restrict__ g,
-                                  OutT* out, int64_t n, AdamWStepArgs a) {
+// first threads of the grid. All pointers must be 16-byte aligned (out: 16 for fp32, 8 for bf16;
+// bf16 gradient terms 8).
+template <typename OutT, typename Grad>
+__global__ void adamw_vec4_kernel(float* master, float* m, float* v, Grad g, OutT* out, int64_t n,
+                                  AdamWStepArgs a) {
   const int64_t n4 = n / 4;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -65,7 +134,7 @@ __global__ void adamw_vec4_kernel(float* master, float* m, float* v, const float
     float4 p4 = reinterpret_cast<const float4*>(master)[i];
     float4 m4 = reinterpret_cast<const float4*>(m)[i];
     float4 v4 = reinterpret_cast<const float4*>(v)[i];
-    const float4 g4 = reinterpret_cast<const float4*>(g)[i];
+    const float4 g4 = g.load4(i);
     adamw_update(p4.x, m4.x, v4.x, g4.x, a);
     adamw_update(p4.y, m4.y, v4.y, g4.y, a);
     adamw_update(p4.z, m4.z, v4.z, g4.z, a);
@@ -77,20 +146,20 @@ __global__ void adamw_vec4_kernel(float* master, float* m, float* v, const float
   }
   const int64_t j = 4 * n4 + tid;
   if (j < n) {
-    adamw_update(master[j], m[j], v[j], g[j], a);
+    adamw_update(master[j], m[j], v[j], g.load1(j), a);
     store1(out, j, master[j]);
   }
 }
 
 // One element per iteration, for views whose offsets do not allow float4.
-template <typename OutT>
-__global__ void adamw_scalar_kernel(float* master, float* m, float* v, const float* __restrict__ g,
-                                    OutT* out, int64_t n, AdamWStepArgs a) {
+template <typename OutT, typename Grad>
+__global__ void adamw_scalar_kernel(float* master, float* m, float* v, Grad g, OutT* out, int64_t n,
+                                    AdamWStepArgs a) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     float p = master[i], mi = m[i], vi = v[i];
-    adamw_update(p, mi, vi, g[i], a);
+    adamw_update(p, mi, vi, g.load1(i), a);
     master[i] = p;
     m[i] = mi;
     v[i] = vi;
@@ -98,10 +167,10 @@ __global__ void adamw_scalar_kernel(float* master, float* m, float* v, const flo
   }
 }
 
-template <typename OutT>
-void launch_adamw(float* master, float* m, float* v, const float* g, OutT* out, int64_t n,
+template <typename OutT, typename Grad>
+void launch_adamw(float* master, float* m, float* v, const Grad& g, OutT* out, int64_t n,
                   const AdamWStepArgs& a, cudaStream_t stream) {
-  const bool vec = aligned(master, 16) && aligned(m, 16) && aligned(v, 16) && aligned(g, 16) &&
+  const bool vec = aligned(master, 16) && aligned(m, 16) && aligned(v, 16) && g.vec_ok() &&
                    aligned(out, 4 * sizeof(OutT));
   if (vec) {
     adamw_vec4_kernel<OutT><<<grid_for(n / 4), kThreads, 0, stream>>>(master, m, v, g, out, n, a);
@@ -112,30 +181,45 @@ void launch_adamw(float* master, float* m, float* v, const float* g, OutT* out, 
   }
 }
 
+template <typename Grad>
+void adamw_any_out(float* master, float* m, float* v, const Grad& g, void* out, bool out_bf16,
+                   int64_t n, const AdamWStepArgs& args, void* stream) {
+  if (n == 0) return;
+  if (out_bf16)
+    launch_adamw(master, m, v, g, static_cast<__nv_bfloat16*>(out), n, args, as_stream(stream));
+  else
+    launch_adamw(master, m, v, g, static_cast<float*>(out), n, args, as_stream(stream));
+}
+
 // ---- sum of squares: sum_i x[i]^2 ----
 // Stage 1 (this kernel): thread t accumulates x[i]^2 in fp32 over its grid-stride elements, the
 // block sums its threads in double (warp shuffles, then the warp sums by warp 0) and writes one
 // partial. Stage 2 (host): the partials are added in index order in double. No atomics, so the
 // result is the same on every run.
-template <bool kVec>
-__global__ void sum_squares_partials_kernel(const float* __restrict__ x, int64_t n,
-                                            double* partials) {
+template <bool kVec, typename Grad>
+__global__ void sum_squares_partials_kernel(Grad x, int64_t n, double* partials) {
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   float acc = 0.0f;
   if constexpr (kVec) {
     const int64_t n4 = n / 4;
     for (int64_t i = tid; i < n4; i += stride) {
-      const float4 q = reinterpret_cast<const float4*>(x)[i];
+      const float4 q = x.load4(i);
       acc = fmaf(q.x, q.x, acc);
       acc = fmaf(q.y, q.y, acc);
       acc = fmaf(q.z, q.z, acc);
       acc = fmaf(q.w, q.w, acc);
     }
     const int64_t j = 4 * n4 + tid;
-    if (j < n) acc = fmaf(x[j], x[j], acc);
+    if (j < n) {
+      const float q = x.load1(j);
+      acc = fmaf(q, q, acc);
+    }
   } else {
-    for (int64_t i = tid; i < n; i += stride) acc = fmaf(x[i], x[i], acc);
+    for (int64_t i = tid; i < n; i += stride) {
+      const float q = x.load1(i);
+      acc = fmaf(q, q, acc);
+    }
   }
   double s = acc;
   for (int offset = 16; offset > 0; offset >>= 1) s += __shfl_down_sync(0xffffffffu, s, offset);
@@ -173,21 +257,27 @@ __global__ void cast_bf16_scalar_kernel(const float* __restrict__ src, __nv_bflo
 
 void adamw_step(float* master, float* m, float* v, const float* grads, void* out, bool out_bf16,
                 int64_t n, const AdamWStepArgs& args, void* stream) {
-  if (n == 0) return;
-  if (out_bf16)
-    launch_adamw(master, m, v, grads, static_cast<__nv_bfloat16*>(out), n, args, as_stream(stream));
-  else
-    launch_adamw(master, m, v, grads, static_cast<float*>(out), n, args, as_stream(stream));
+  adamw_any_out(master, m, v, F32Grad{grads}, out, out_bf16, n, args, stream);
 }
 
-double sum_squares(const float* x, int64_t n, void* stream) {
+void adamw_step(float* master, float* m, float* v, const GradTermsArg& grads, void* out,
+                bool out_bf16, int64_t n, const AdamWStepArgs& args, void* stream) {
+  with_terms(grads, [&](const auto& g) {
+    adamw_any_out(master, m, v, g, out, out_bf16, n, args, stream);
+  });
+}
+
+namespace {
+
+template <typename Grad>
+double sum_squares_of(const Grad& x, int64_t n, void* stream) {
   if (n == 0) return 0.0;
   const cudaStream_t s = as_stream(stream);
   const int64_t wanted = (n + 4 * kThreads - 1) / (4 * kThreads);
   const int blocks = static_cast<int>(wanted < kMaxReduceBlocks ? wanted : kMaxReduceBlocks);
   double* partials = nullptr;
   CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials), blocks * sizeof(double), s));
-  if (aligned(x, 16)) {
+  if (x.vec_ok()) {
     sum_squares_partials_kernel<true><<<blocks, kThreads, 0, s>>>(x, n, partials);
     CUDA_CHECK_LAUNCH("sum_squares_partials_kernel<vec4>");
   } else {
@@ -202,6 +292,16 @@ double sum_squares(const float* x, int64_t n, void* stream) {
   double total = 0.0;
   for (double p : host) total += p;
   return total;
+}
+
+}  // namespace
+
+double sum_squares(const float* x, int64_t n, void* stream) {
+  return sum_squares_of(F32Grad{x}, n, stream);
+}
+
+double sum_squares(const GradTermsArg& x, int64_t n, void* stream) {
+  return with_terms(x, [&](const auto& g) { return sum_squares_of(g, n, stream); });
 }
 
 void cast_f32_to_bf16(const float* src, uint16_t* dst, int64_t n, void* stream) {

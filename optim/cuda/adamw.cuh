@@ -53,6 +53,22 @@ TRAINER_HD inline uint16_t f32_to_bf16_bits(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// bf16 bits -> fp32 (exact).
+TRAINER_HD inline float bf16_bits_to_f32(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// A gradient given as the sum of k bf16 buffers (one per rank), added in index order in fp32,
+// starting from 0.0f, on the host and on the device alike.
+constexpr int kMaxGradTerms = 8;
+struct GradTermsArg {
+  const uint16_t* t[kMaxGradTerms] = {};
+  int k = 0;
+};
+
 namespace cuda {
 
 // Launchers (defined in adamw.cu). Pointers are device pointers; stream is a cudaStream_t or
@@ -62,9 +78,14 @@ namespace cuda {
 // alias master. float4 loads are used when every pointer allows them, scalar loads otherwise.
 void adamw_step(float* master, float* m, float* v, const float* grads, void* out, bool out_bf16,
                 int64_t n, const AdamWStepArgs& args, void* stream);
+// The same with the gradient = the sum of grads' bf16 terms, each n elements.
+void adamw_step(float* master, float* m, float* v, const GradTermsArg& grads, void* out,
+                bool out_bf16, int64_t n, const AdamWStepArgs& args, void* stream);
 // sum of x[i]^2: each thread accumulates its grid-stride elements in fp32, blocks reduce in double
 // in a fixed order, the block partials are summed on the host in index order (no atomics).
 double sum_squares(const float* x, int64_t n, void* stream);
+// The same over the element-wise sum of x's bf16 terms.
+double sum_squares(const GradTermsArg& x, int64_t n, void* stream);
 // dst[i] = bf16(src[i]) with round-to-nearest-even.
 void cast_f32_to_bf16(const float* src, uint16_t* dst, int64_t n, void* stream);
 // Device-to-device copy of `bytes` bytes on `stream`.
