@@ -39,6 +39,14 @@ struct ReplicaOptions {
   // CUDA: elements of AdamW state this rank will hold (its ZeRO-1 shard, or flat_elems), counted
   // in the check that the run fits in the GPU's memory before anything is allocated.
   int64_t optimizer_elems = -1;  // -1: flat_elems
+  // Gradient storage: kF32, or (CUDA at bf16 precision) kBF16, written by backward's kernels
+  // directly, for ranks that exchange their gradients whole in bf16 (--grad-transport ce
+  // --grad-reduce bf16). Micro-steps then accumulate in bf16, except the embedding's rows, which
+  // are summed in an fp32 scratch and rounded once per backward.
+  DType grad_dtype = DType::kF32;
+  // CUDA: bf16 copies of the whole gradient that the communicator will hold (one per peer),
+  // counted in the fit check.
+  int64_t grad_copies = 0;
 };
 
 // A micro-batch in host memory: `batch` rows of `seq` token ids each.
@@ -57,8 +65,9 @@ class Replica {
   virtual const ModelConfig& config() const = 0;
   virtual const ParamLayout& layout() const = 0;
 
-  // Working parameters (what forward reads: fp32 on the CPU, bf16 or fp32 on CUDA) and the fp32
-  // gradient accumulator; both are flat buffers of ReplicaOptions::flat_elems elements.
+  // Working parameters (what forward reads: fp32 on the CPU, bf16 or fp32 on CUDA) and the
+  // gradient accumulator (ReplicaOptions::grad_dtype); both are flat buffers of
+  // ReplicaOptions::flat_elems elements.
   virtual BufferView params() = 0;
   virtual BufferView grads() = 0;
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -67,8 +68,9 @@ std::vector<float> fresh_params(const ModelConfig& c, uint64_t seed) {
 }
 
 ReplicaOptions options(const ModelConfig& c, int64_t max_batch, Precision p,
-                       const std::string& attention = "simple") {
+                       const std::string& attention = "simple", DType grads = DType::kF32) {
   ReplicaOptions o;
+  o.grad_dtype = grads;
   o.max_batch = max_batch;
   o.flat_elems = ParamLayout(c).total();
   o.precision = p;
@@ -80,9 +82,19 @@ BufferView host_view(std::vector<float>& v) {
   return BufferView{v.data(), static_cast<int64_t>(v.size()), DType::kF32, DeviceKind::kCpu};
 }
 
+// The gradients as fp32 on the host (bf16 ones widened exactly).
 std::vector<float> host_grads(Replica& r) {
   r.synchronize();
   std::vector<float> h(static_cast<size_t>(r.grads().count));
+  if (r.grads().dtype == DType::kBF16) {
+    std::vector<uint16_t> bits(h.size());
+    copy(BufferView{bits.data(), r.grads().count, DType::kBF16, DeviceKind::kCpu}, r.grads());
+    for (size_t i = 0; i < h.size(); ++i) {
+      const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(&h[i], &u, sizeof(float));
+    }
+    return h;
+  }
   copy(host_view(h), r.grads());
   return h;
 }
@@ -100,7 +112,7 @@ double rel_err(const float* out, const float* ref, int64_t n) {
 // Runs the same micro-batches through both replicas (gradients accumulated over all of them with
 // scale 1/tokens) and compares the loss and every tensor's gradient.
 void compare_with_cpu(const ModelConfig& c, Precision precision, const std::string& attention,
-                      double loss_tol, double grad_tol) {
+                      double loss_tol, double grad_tol, DType grads = DType::kF32) {
   const std::vector<Batch> batches = {make_batch(2, 17, c.vocab, 1),
                                       make_batch(1, c.ctx, c.vocab, 2)};
   int64_t tokens = 0;
@@ -108,11 +120,11 @@ void compare_with_cpu(const ModelConfig& c, Precision precision, const std::stri
   const std::vector<float> params = fresh_params(c, 42);
 
   std::unique_ptr<Replica> cpu = make_cpu_replica(c, options(c, 2, Precision::kFp32));
-  std::unique_ptr<Replica> gpu = make_cuda_replica(c, options(c, 2, precision, attention));
+  std::unique_ptr<Replica> gpu = make_cuda_replica(c, options(c, 2, precision, attention, grads));
   REQUIRE(gpu->device() == DeviceKind::kCuda);
   REQUIRE(gpu->params().count == ParamLayout(c).total());
   REQUIRE(gpu->params().dtype == (precision == Precision::kBf16 ? DType::kBF16 : DType::kF32));
-  REQUIRE(gpu->grads().dtype == DType::kF32);
+  REQUIRE(gpu->grads().dtype == grads);
   const int n_tensors = static_cast<int>(cpu->layout().tensors().size());
   const Batch stale = make_batch(2, c.ctx, c.vocab, 3);
   for (Replica* r : {cpu.get(), gpu.get()}) {
@@ -161,6 +173,49 @@ TEST_CASE("CUDA replica bf16: loss and gradients close to the CPU replica", "[cu
       INFO("attention " << attention);
       compare_with_cpu(tiny(vocab, 32), Precision::kBf16, attention, 2e-2, 5e-2);
     }
+}
+
+// --grad-transport ce --grad-reduce bf16: backward writes bf16 gradients (the GEMMs' output, the
+// RMSNorm gains rounded once, the embedding summed in fp32 and rounded), accumulating over the
+// micro-batches in bf16. Against the CPU with the bf16 tolerances, and against the same replica
+// with fp32 gradients, from which it may differ only by bf16 rounding.
+TEST_CASE("CUDA replica bf16 with bf16 gradients", "[cuda][model]") {
+  for (int64_t vocab : {int64_t{37}, int64_t{10000}})
+    compare_with_cpu(tiny(vocab, 32), Precision::kBf16, "flash", 2e-2, 5e-2, DType::kBF16);
+  ModelConfig odd = tiny(37, 20);
+  odd.d_model = 84;
+  odd.n_heads = 2;
+  odd.d_ff = 100;
+  compare_with_cpu(odd, Precision::kBf16, "simple", 2e-2, 5e-2, DType::kBF16);
+
+  const ModelConfig c = tiny(10000, 32);
+  const std::vector<float> params = fresh_params(c, 9);
+  std::unique_ptr<Replica> f32 = make_cuda_replica(c, options(c, 2, Precision::kBf16, "flash"));
+  std::unique_ptr<Replica> b16 =
+      make_cuda_replica(c, options(c, 2, Precision::kBf16, "flash", DType::kBF16));
+  const Batch b1 = make_batch(2, 32, c.vocab, 21), b2 = make_batch(2, 32, c.vocab, 22);
+  for (Replica* r : {f32.get(), b16.get()}) {
+    r->set_params(params.data());
+    r->zero_grads();
+    for (const Batch* b : {&b1, &b2}) {
+      r->forward(b->mb());
+      r->backward(1.0f / 128, {});
+    }
+  }
+  CHECK(f32->take_loss() == b16->take_loss());  // forward does not see the gradient type
+  const std::vector<float> g32 = host_grads(*f32), g16 = host_grads(*b16);
+  for (const ParamTensor& t : f32->layout().tensors()) {
+    const double err = rel_err(g16.data() + t.offset, g32.data() + t.offset, t.numel);
+    INFO("gradient of " << t.name << " rel err " << err);
+    CHECK(err < 1e-2);
+    // Rounded to bf16 indeed; an embedding row sums one or two tokens' bf16 gradients, which
+    // bf16 may hold exactly.
+    if (t.name != "token_embeddings.weight") CHECK(err > 0);
+  }
+
+  // fp32 parameters cannot have bf16 gradients.
+  CHECK_THROWS_AS(make_cuda_replica(c, options(c, 2, Precision::kFp32, "simple", DType::kBF16)),
+                  UsageError);
 }
 
 TEST_CASE("CUDA replica: head dim 80 and an odd vocabulary", "[cuda][model]") {

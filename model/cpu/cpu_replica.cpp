@@ -18,6 +18,7 @@ class CpuReplica final : public Replica {
                   o.precision == Precision::kBf16 ? "bf16" : "tf32");
     TRAINER_CHECK(o.flat_elems >= layout_.total(), "flat buffers of {} elements < layout total {}",
                   o.flat_elems, layout_.total());
+    TRAINER_CHECK(o.grad_dtype == DType::kF32, "the CPU replica keeps fp32 gradients");
     params_ = DeviceBuffer(DeviceKind::kCpu, DType::kF32, o.flat_elems);
     grads_ = DeviceBuffer(DeviceKind::kCpu, DType::kF32, o.flat_elems);
   }

@@ -1,7 +1,8 @@
 // The CUDA replica: the Transformer of SPEC.md on one GPU, over the flat parameter and gradient
 // buffers of ParamLayout (see model/replica.h for the contract).
 //
-// Memory: parameters (bf16 or fp32) and fp32 gradients are two flat buffers; every activation and
+// Memory: parameters (bf16 or fp32) and gradients (fp32, or bf16 when the ranks exchange them
+// whole) are two flat buffers; every activation and
 // scratch buffer is carved once, in the constructor, out of one allocation sized for
 // (max_batch, ctx). Nothing is allocated afterwards, and nothing in forward or backward waits for
 // the device: token ids travel through pinned staging buffers with cudaMemcpyAsync, losses are
@@ -185,7 +186,13 @@ class CudaReplica final : public Replica {
   void run_forward(int64_t B, int64_t seq, bool training, const ParamsNeededFn& need);
 
   const T* P(int64_t offset) const { return params_.as<T>() + offset; }
-  float* G(int64_t offset) const { return grads_.as<float>() + offset; }
+  // Gradient of the tensor at `offset`, of grad_dtype_.
+  void* G(int64_t offset) const {
+    return static_cast<char*>(grads_.view().data) + offset * static_cast<int64_t>(grad_size_);
+  }
+  // RMSNorm backward with its gain gradient at flat offset `dw` (fp32 or bf16 gradients).
+  void norm_backward(const T* x, const T* w, const float* rstd, const T* dy, T* dx,
+                     bool accumulate_dx, int64_t dw, int64_t n, RmsnormScratch rms);
 
   // y[n, d_out] (row stride ldy) = x W^T (+ resid when given, same row stride as y)
   void linear_forward(const T* x, const T* W, T* y, int64_t ldy, int64_t n, int64_t d_in,
@@ -193,8 +200,8 @@ class CudaReplica final : public Replica {
   // dx[n, d_in] (+)= alpha * dy W   (dy row stride ldy)
   void linear_backward_data(const T* dy, int64_t ldy, const T* W, T* dx, int64_t n, int64_t d_in,
                             int64_t d_out, float alpha, bool accumulate);
-  // dW[d_out, d_in] += alpha * dy^T x   (fp32 gradient)
-  void linear_backward_weight(const T* dy, int64_t ldy, const T* x, float* dW, int64_t n,
+  // dW[d_out, d_in] += alpha * dy^T x   (gradient of grad_dtype_)
+  void linear_backward_weight(const T* dy, int64_t ldy, const T* x, void* dW, int64_t n,
                               int64_t d_in, int64_t d_out, float alpha);
   // att = attention(q, k, v) and its backward into dq_, dk_, dv_, by the chosen path.
   void attention_layer_forward(BlockActs& a, int64_t B, int64_t seq);
@@ -213,6 +220,8 @@ class CudaReplica final : public Replica {
   int64_t d_, f_, V_, Vp_, H_, dh_, L_;
   bool tf32_ = false;
   bool flash_ = false;
+  DType grad_dtype_ = DType::kF32;
+  size_t grad_size_ = 4;
 
   // Parameter offsets and tensor indices.
   std::vector<BlockParams> blocks_;
@@ -221,7 +230,7 @@ class CudaReplica final : public Replica {
 
   StreamHandle stream_;
   std::unique_ptr<Matmul> mm_;
-  DeviceBuffer params_, grads_, arena_, staging_;
+  DeviceBuffer params_, grads_, arena_, staging_, emb_scratch_;
   int64_t arena_bytes_ = 0;
 
   // Activations and scratch, carved from arena_.
@@ -235,6 +244,7 @@ class CudaReplica final : public Replica {
   float* scores_;         // simple: (B, H, T, T) fp32 scores, then dP
   void* flash_ws_;        // flash backward workspace
   T *dres_, *dln_, *dg_;  // (n, d) residual-stream gradient, (n, d) norm-output gradient, (n, f)
+  float* emb_grad_;  // the embedding's fp32 gradient: in grads_, or a scratch for bf16 gradients
   float* rms_partial_;
   unsigned* rms_counters_;
   unsigned* ce_counter_;
@@ -281,6 +291,11 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
     backward_sms_ = sms - o.comm_sms;
   }
 
+  if (o.grad_dtype != DType::kF32 &&
+      !(o.grad_dtype == DType::kBF16 && std::is_same_v<T, __nv_bfloat16>))
+    usage_error("{} gradients need --precision bf16", dtype_name(o.grad_dtype));
+  grad_dtype_ = o.grad_dtype;
+  grad_size_ = dtype_size(grad_dtype_);
   flat_ = o.flat_elems;
   d_ = c.d_model;
   f_ = c.d_ff;
@@ -335,7 +350,11 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   carve(measure);
   arena_bytes_ = measure.used();
   const int64_t param_bytes = flat_ * static_cast<int64_t>(sizeof(T));
-  const int64_t grad_bytes = flat_ * 4;
+  const int64_t emb_elems = layout_.tensors()[i_emb_].numel;
+  const bool emb_scratch = grad_dtype_ != DType::kF32;
+  // Gradients, the embedding's fp32 scratch and the peers' copies the communicator will hold.
+  const int64_t grad_bytes = flat_ * static_cast<int64_t>(grad_size_) +
+                             (emb_scratch ? emb_elems * 4 : 0) + o.grad_copies * flat_ * 2;
   // The optimizer state is allocated by the optimizer (fp32 master, m, v: 12 bytes per element of
   // this rank's shard); it is counted here so that a model that cannot train is refused before any
   // work.
@@ -354,7 +373,9 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.s, cudaStreamNonBlocking));
   mm_ = std::make_unique<Matmul>();
   params_ = DeviceBuffer(DeviceKind::kCuda, dtype_of<T>(), flat_);
-  grads_ = DeviceBuffer(DeviceKind::kCuda, DType::kF32, flat_);
+  grads_ = DeviceBuffer(DeviceKind::kCuda, grad_dtype_, flat_);
+  if (emb_scratch) emb_scratch_ = DeviceBuffer(DeviceKind::kCuda, DType::kF32, emb_elems);
+  emb_grad_ = emb_scratch ? emb_scratch_.as<float>() : static_cast<float*>(G(off_emb_));
   arena_ = DeviceBuffer(DeviceKind::kCuda, DType::kF32, arena_bytes_ / 4);  // zero-filled
   if (std::is_same_v<T, __nv_bfloat16>)
     staging_ = DeviceBuffer(DeviceKind::kCuda, DType::kF32, kStagingFloats);
@@ -531,7 +552,7 @@ void CudaReplica<T>::linear_backward_data(const T* dy, int64_t ldy, const T* W, 
 }
 
 template <typename T>
-void CudaReplica<T>::linear_backward_weight(const T* dy, int64_t ldy, const T* x, float* dW,
+void CudaReplica<T>::linear_backward_weight(const T* dy, int64_t ldy, const T* x, void* dW,
                                             int64_t n, int64_t d_in, int64_t d_out, float alpha) {
   Gemm g;
   g.trans_a = true;
@@ -547,9 +568,23 @@ void CudaReplica<T>::linear_backward_weight(const T* dy, int64_t ldy, const T* x
   g.alpha = alpha;
   g.beta = accumulate_grads_ ? 1.0f : 0.0f;  // accumulate over micro-batches after the first
   g.ab_type = dtype_of<T>();
-  g.cd_type = DType::kF32;
+  g.cd_type = grad_dtype_;
   g.tf32 = tf32_;
   mm_->run(g, stream_.s);
+}
+
+template <typename T>
+void CudaReplica<T>::norm_backward(const T* x, const T* w, const float* rstd, const T* dy, T* dx,
+                                   bool accumulate_dx, int64_t dw, int64_t n, RmsnormScratch rms) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (grad_dtype_ == DType::kBF16) {
+      rmsnorm_backward(x, w, rstd, dy, dx, accumulate_dx, static_cast<T*>(G(dw)), accumulate_grads_,
+                       n, d_, rms, stream_.s);
+      return;
+    }
+  }
+  rmsnorm_backward(x, w, rstd, dy, dx, accumulate_dx, static_cast<float*>(G(dw)), accumulate_grads_,
+                   n, d_, rms, stream_.s);
 }
 
 template <typename T>
@@ -730,8 +765,7 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     linear_backward_weight(logits_, Vp_, lnf_, G(off_head_), n, d, V_, scale);
     done(i_head_);
     linear_backward_data(logits_, Vp_, P(off_head_), dln_, n, d, V_, scale, false);
-    rmsnorm_backward(resid_[L_], P(off_lnf_), rstdf_, dln_, dres_, false, G(off_lnf_),
-                     accumulate_grads_, n, d, rms, s);
+    norm_backward(resid_[L_], P(off_lnf_), rstdf_, dln_, dres_, false, off_lnf_, n, rms);
     done(i_lnf_);
   }
   for (int64_t l = L_ - 1; l >= 0; --l) {
@@ -744,8 +778,7 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     linear_backward_data(dres_, d, P(p.w2), dg_, n, f, d, 1.0f, false);
     swiglu_backward(a.ba + f, a.ba, 2 * f, dg_, a.ba + f, a.ba, 2 * f, n, f, s);
     group_backward(p.w31, a.ln2, a.ba, dln_, n, ready);
-    rmsnorm_backward(a.h, P(p.ln2), a.rstd2, dln_, dres_, true, G(p.ln2), accumulate_grads_, n, d,
-                     rms, s);
+    norm_backward(a.h, P(p.ln2), a.rstd2, dln_, dres_, true, p.ln2, n, rms);
     done(p.i_ln2);  // dres_ is now dL/dh
     // Attention half: datt = dh Wo (into dln_, free again), attention and RoPE backward, dln1.
     linear_backward_weight(dres_, d, a.att, G(p.o), n, d, d, 1.0f);
@@ -759,13 +792,17 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     jobs.add(dv_, vkq_, false);
     rope(jobs, qkv_layout, d, QkvLayout::kTokenMajor, 3 * d, B, seq, H_, dh_, rope_table_, true, s);
     group_backward(p.vkq, a.ln1, vkq_, dln_, n, ready);
-    rmsnorm_backward(resid_[l], P(p.ln1), a.rstd1, dln_, dres_, true, G(p.ln1), accumulate_grads_,
-                     n, d, rms, s);
+    norm_backward(resid_[l], P(p.ln1), a.rstd1, dln_, dres_, true, p.ln1, n, rms);
     done(p.i_ln1);  // dres_ is now dL/dx of this block's input
   }
   const int32_t* bucket_ids = tokens_ + 2 * n;
   embedding_backward(dres_, bucket_ids, tokens_ + 3 * n, tokens_ + 4 * n + 1, num_buckets_,
-                     G(off_emb_), d, s);
+                     emb_grad_, d, s);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    // bf16 gradients: the rows were summed in fp32 (over every micro-step so far); round them.
+    if (grad_dtype_ == DType::kBF16)
+      cast(emb_grad_, static_cast<T*>(G(off_emb_)), layout_.tensors()[i_emb_].numel, s);
+  }
   accumulate_grads_ = true;
   done(i_emb_);
 }
@@ -774,7 +811,7 @@ template <typename T>
 void CudaReplica<T>::zero_grads() {
   use_device();
   const ParamTensor& emb = layout_.tensors()[i_emb_];
-  CUDA_CHECK(cudaMemsetAsync(G(emb.offset), 0, emb.numel * sizeof(float), stream_.s));
+  CUDA_CHECK(cudaMemsetAsync(emb_grad_, 0, emb.numel * sizeof(float), stream_.s));
   accumulate_grads_ = false;
 }
 

@@ -83,9 +83,9 @@ __global__ void rmsnorm_backward_dx_kernel(const T* __restrict__ x, const T* __r
 // Block (32, kRowsY) = one column tile of 32*kV columns x one row group. Each group writes its
 // column sums to partial[group]; the last group to finish a tile adds the partials of every group
 // in group order, so the result is deterministic.
-template <typename T, int kV>
+template <typename T, int kV, typename DW>
 __global__ void rmsnorm_backward_dw_kernel(const T* __restrict__ x, const float* __restrict__ rstd,
-                                           const T* __restrict__ dy, float* __restrict__ dw,
+                                           const T* __restrict__ dy, DW* __restrict__ dw,
                                            bool accumulate, int64_t n, int d,
                                            int64_t rows_per_group, float* __restrict__ partial,
                                            unsigned* __restrict__ counters) {
@@ -135,7 +135,7 @@ __global__ void rmsnorm_backward_dw_kernel(const T* __restrict__ x, const float*
     for (int k = 0; k < kV; ++k) {
       float s = 0.0f;
       for (int j = 0; j < kRowsY; ++j) s += red[j][tx * kV + k];
-      dw[c + k] = accumulate ? dw[c + k] + s : s;
+      dw[c + k] = from_float<DW>(accumulate ? to_float(dw[c + k]) + s : s);
     }
   }
   if (tx == 0 && ty == 0) counters[blockIdx.x] = 0;
@@ -157,8 +157,8 @@ void forward_impl(const T* x, const T* w, T* y, float* rstd, int64_t n, int64_t 
   CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
 }
 
-template <typename T, int kV>
-void launch_dw(const T* x, const float* rstd, const T* dy, float* dw, bool accumulate, int64_t n,
+template <typename T, int kV, typename DW>
+void launch_dw(const T* x, const float* rstd, const T* dy, DW* dw, bool accumulate, int64_t n,
                int64_t d, RmsnormScratch s, cudaStream_t stream) {
   const int64_t tiles = ceil_div(d, kWarp * kV);
   // About 256 blocks in all, at least 8 rows per group, at most kMaxGroups groups.
@@ -168,14 +168,14 @@ void launch_dw(const T* x, const float* rstd, const T* dy, float* dw, bool accum
   groups = ceil_div(n, rows_per_group);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(groups));
   const dim3 block(kWarp, kRowsY);
-  rmsnorm_backward_dw_kernel<T, kV><<<grid, block, 0, stream>>>(
+  rmsnorm_backward_dw_kernel<T, kV, DW><<<grid, block, 0, stream>>>(
       x, rstd, dy, dw, accumulate, n, static_cast<int>(d), rows_per_group, s.partial, s.counters);
   CUDA_CHECK_LAUNCH("rmsnorm_backward_dw_kernel");
 }
 
-template <typename T>
+template <typename T, typename DW>
 void backward_impl(const T* x, const T* w, const float* rstd, const T* dy, T* dx, bool accumulate,
-                   float* dw, bool accumulate_dw, int64_t n, int64_t d, RmsnormScratch s,
+                   DW* dw, bool accumulate_dw, int64_t n, int64_t d, RmsnormScratch s,
                    cudaStream_t stream) {
   TRAINER_CHECK(n >= 0 && d > 0 && d < (1 << 30), "rmsnorm_backward: n {} d {}", n, d);
   TRAINER_CHECK(x && w && rstd && dy && dx && dw && s.partial && s.counters,
@@ -194,9 +194,9 @@ void backward_impl(const T* x, const T* w, const float* rstd, const T* dy, T* dx
         <<<blocks, threads, 0, stream>>>(x, w, rstd, dy, dx, accumulate, n, di);
   CUDA_CHECK_LAUNCH("rmsnorm_backward_dx_kernel");
   if (vec)
-    launch_dw<T, kPack<T>>(x, rstd, dy, dw, accumulate_dw, n, d, s, stream);
+    launch_dw<T, kPack<T>, DW>(x, rstd, dy, dw, accumulate_dw, n, d, s, stream);
   else
-    launch_dw<T, 1>(x, rstd, dy, dw, accumulate_dw, n, d, s, stream);
+    launch_dw<T, 1, DW>(x, rstd, dy, dw, accumulate_dw, n, d, s, stream);
 }
 
 }  // namespace
@@ -221,6 +221,12 @@ void rmsnorm_backward(const __nv_bfloat16* x, const __nv_bfloat16* w, const floa
                       const __nv_bfloat16* dy, __nv_bfloat16* dx, bool accumulate_dx, float* dw,
                       bool accumulate_dw, int64_t n, int64_t d, RmsnormScratch scratch,
                       cudaStream_t stream) {
+  backward_impl(x, w, rstd, dy, dx, accumulate_dx, dw, accumulate_dw, n, d, scratch, stream);
+}
+void rmsnorm_backward(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* rstd,
+                      const __nv_bfloat16* dy, __nv_bfloat16* dx, bool accumulate_dx,
+                      __nv_bfloat16* dw, bool accumulate_dw, int64_t n, int64_t d,
+                      RmsnormScratch scratch, cudaStream_t stream) {
   backward_impl(x, w, rstd, dy, dx, accumulate_dx, dw, accumulate_dw, n, d, scratch, stream);
 }
 

@@ -32,7 +32,8 @@ struct RmsnormScratch {
 };
 
 // dx (dw) is overwritten when accumulate_dx (accumulate_dw) is false, else added to. dx must not
-// alias x or dy.
+// alias x or dy. dw is fp32, or bf16 for bf16 gradients (--grad-reduce bf16 with copy engines);
+// the column sums are fp32 either way and rounded once.
 void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
                       bool accumulate_dx, float* dw, bool accumulate_dw, int64_t n, int64_t d,
                       RmsnormScratch scratch, cudaStream_t stream);
@@ -40,5 +41,9 @@ void rmsnorm_backward(const __nv_bfloat16* x, const __nv_bfloat16* w, const floa
                       const __nv_bfloat16* dy, __nv_bfloat16* dx, bool accumulate_dx, float* dw,
                       bool accumulate_dw, int64_t n, int64_t d, RmsnormScratch scratch,
                       cudaStream_t stream);
+void rmsnorm_backward(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* rstd,
+                      const __nv_bfloat16* dy, __nv_bfloat16* dx, bool accumulate_dx,
+                      __nv_bfloat16* dw, bool accumulate_dw, int64_t n, int64_t d,
+                      RmsnormScratch scratch, cudaStream_t stream);
 
 }  // namespace trainer::cuda
