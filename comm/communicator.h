@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "core/error.h"
 
 namespace trainer {
 
@@ -42,6 +43,13 @@ class Communicator {
   // order and not necessarily adjacent); every rank ends with all of them.
   virtual CommHandle all_gather(BufferView buf, const std::vector<Range>& segments) = 0;
   virtual CommHandle broadcast(BufferView buf, int root) = 0;
+  // Every rank's `buf` is copied whole into every other rank's copy of that rank's buffer (no
+  // sum: the consumer adds the copies). Only a communicator set up with copies of the buffer
+  // `buf` lies in supports it (NCCL's, with --grad-transport ce --grad-reduce bf16).
+  virtual CommHandle gather_copies(BufferView buf) {
+    (void)buf;
+    runtime_error("the {} communicator does not exchange whole copies", name());
+  }
   virtual void barrier() = 0;
   // Lets outstanding non-blocking operations advance (MPI progresses only inside MPI calls).
   virtual void progress() {}

@@ -137,8 +137,9 @@ std::string describe_units(const std::vector<GradUnit>& units) {
 }
 
 GradSync::GradSync(Communicator& comm, const TensorRanges& tensors, BufferView grads,
-                   SyncStrategy strategy, double bucket_bytes, const ShardPlan* shards)
-    : comm_(comm), grads_(grads), strategy_(strategy), shards_(shards) {
+                   SyncStrategy strategy, double bucket_bytes, const ShardPlan* shards, bool copies)
+    : comm_(comm), grads_(grads), strategy_(strategy), shards_(shards), copies_(copies) {
+  TRAINER_CHECK(!(copies && shards), "whole gradient copies with ZeRO-1 shards");
   if (strategy == SyncStrategy::kNone && comm.world() > 1)
     usage_error(
         "--ddp none needs a single rank (world is {}); pick naive, flat, overlap or "
@@ -162,8 +163,9 @@ void GradSync::begin_backward(bool reduce) {
 void GradSync::launch(size_t u) {
   const Range r = units_[u].range;
   BufferView view = grads_.slice(r.begin, r.size());
-  in_flight_.push_back(shards_ ? comm_.reduce_scatter_sum(view, shards_->counts_in(r))
-                               : comm_.all_reduce_sum(view));
+  in_flight_.push_back(shards_   ? comm_.reduce_scatter_sum(view, shards_->counts_in(r))
+                       : copies_ ? comm_.gather_copies(view)
+                                 : comm_.all_reduce_sum(view));
 }
 
 void GradSync::on_ready(int index) {
@@ -177,11 +179,15 @@ void GradSync::on_ready(int index) {
   comm_.progress();
 }
 
-void GradSync::finish() {
+void GradSync::finish_before(int64_t end) {
   if (reduce_) {
     while (next_unit_ < units_.size()) launch(next_unit_++);
-    wait_all(in_flight_);
+    while (waited_ < units_.size() && units_[waited_].range.begin < end)
+      in_flight_[waited_++]->wait();
+    if (waited_ < units_.size()) return;
+    in_flight_.clear();
   }
+  waited_ = 0;
   next_unit_ = 0;
   reduce_ = false;
 }

@@ -9,8 +9,10 @@
 //   bucketed  tensors grouped into buckets of at most --bucket-mb in backward order; a bucket is
 //             launched as soon as its last tensor is final
 // Without ZeRO-1 a unit's collective is an all-reduce; with --shard-optim it is a reduce-scatter
-// in which each rank receives the part of the unit that falls in its shard. Gradients are
-// pre-scaled by 1/(global tokens), so the sum over ranks is the mean gradient.
+// in which each rank receives the part of the unit that falls in its shard; with whole copies
+// (--grad-transport ce --grad-reduce bf16) it is gather_copies, after which every rank holds
+// every rank's bf16 gradient of the unit and the optimizer adds them. Gradients are pre-scaled by
+// 1/(global tokens), so the sum over ranks is the mean gradient.
 #pragma once
 
 #include <cstdint>
@@ -70,8 +72,9 @@ std::string describe_units(const std::vector<GradUnit>& units);
 class GradSync {
  public:
   // `shards` null: all-reduce (every rank gets the whole averaged gradient); else reduce-scatter.
+  // `copies`: gather_copies instead of an all-reduce (no shards).
   GradSync(Communicator& comm, const TensorRanges& tensors, BufferView grads, SyncStrategy strategy,
-           double bucket_bytes, const ShardPlan* shards);
+           double bucket_bytes, const ShardPlan* shards, bool copies = false);
 
   const std::vector<GradUnit>& units() const { return units_; }
   SyncStrategy strategy() const { return strategy_; }
@@ -81,8 +84,12 @@ class GradSync {
   void begin_backward(bool reduce);
   // Backward's GradReadyFn: tensor `index` (and every tensor before it) is final.
   void on_ready(int index);
-  // After backward: launches whatever has not started, then waits for every collective.
-  void finish();
+  // After backward: launches whatever has not started, then waits for the collectives of the
+  // units that begin before element `end` (those before it, in launch order, are waited for
+  // too); finish() waits for every one. The optimizer reads the gradients up to the last unit
+  // while that unit's collective still runs.
+  void finish_before(int64_t end);
+  void finish() { finish_before(grads_.count); }
 
  private:
   void launch(size_t unit);
@@ -91,12 +98,14 @@ class GradSync {
   BufferView grads_;
   SyncStrategy strategy_;
   const ShardPlan* shards_;
+  bool copies_;
   std::vector<GradUnit> units_;
   std::vector<int> unit_of_last_tensor_;  // tensor index -> unit it completes, or -1
   bool reduce_ = false;
   bool eager_ = false;  // launch during backward (overlap, bucketed)
   size_t next_unit_ = 0;
-  std::vector<CommHandle> in_flight_;
+  std::vector<CommHandle> in_flight_;  // of units [waited_, next_unit_), in unit order
+  size_t waited_ = 0;
 };
 
 }  // namespace trainer

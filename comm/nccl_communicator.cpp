@@ -55,6 +55,7 @@ struct NcclCommunicator::Impl {
   cudaEvent_t origin = nullptr;
   void* staging = nullptr;                      // bf16 scratch for --grad-reduce bf16
   std::unique_ptr<PeerCopy> peer, peer_gather;  // --grad-transport ce
+  std::unique_ptr<PeerCopy> peer_copies;        // and --grad-reduce bf16
 
   // Events come from a pool that grows only during the first step; a record holds the pair of
   // events of one collective on the comm stream.
@@ -187,6 +188,8 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& boot, const NcclOption
     CUDA_CHECK(cudaMalloc(&m.staging, o.staging_elems * 2));
   if (o.peer_copy.data) m.peer = std::make_unique<PeerCopy>(boot, o.peer_copy, o.device, o.ctas);
   if (o.peer_gather.data) m.peer_gather = std::make_unique<PeerCopy>(boot, o.peer_gather, o.device);
+  if (o.peer_copies.data)
+    m.peer_copies = std::make_unique<PeerCopy>(boot, o.peer_copies, o.device, 0, true);
   m.watchdog = std::thread([&m] { m.watch(); });
 }
 
@@ -197,6 +200,7 @@ NcclCommunicator::~NcclCommunicator() {
   cudaStreamSynchronize(m.stream);
   m.peer.reset();
   m.peer_gather.reset();
+  m.peer_copies.reset();
   for (cudaEvent_t e : m.pool) cudaEventDestroy(e);
   if (m.staging) cudaFree(m.staging);
   ncclCommDestroy(m.comm);
@@ -288,6 +292,20 @@ CommHandle NcclCommunicator::reduce_scatter_sum(BufferView buf,
     cuda::bf16_to_f32(static_cast<char*>(m.staging) + offset * 2, buf.as<float>() + offset, mine,
                       m.stream);
   return m.end();
+}
+
+CommHandle NcclCommunicator::gather_copies(BufferView buf) {
+  Impl& m = *impl_;
+  TRAINER_CHECK(m.peer_copies && m.peer_copies->covers(buf),
+                "gather_copies of a buffer set up without peer copies");
+  m.begin(describe("gather_copies", buf) + " by copy engines");
+  m.peer_copies->gather_copies(buf, m.compute, m.stream);
+  return m.end();
+}
+
+BufferView NcclCommunicator::copy_of(int r) const {
+  TRAINER_CHECK(impl_->peer_copies, "no peer copies set up");
+  return impl_->peer_copies->copy(r);
 }
 
 CommHandle NcclCommunicator::all_gather(BufferView buf, const std::vector<Range>& segments) {

@@ -33,6 +33,9 @@ struct NcclOptions {
   int64_t staging_elems = 0;       // largest fp32 buffer reduced in bf16 (scratch size)
   BufferView peer_copy;            // --grad-transport ce: fp32 sums inside this buffer use PeerCopy
   BufferView peer_gather;          // and all-gathers inside this one (ZeRO-1's parameters)
+  // --grad-transport ce --grad-reduce bf16: this bf16 gradient buffer is exchanged whole
+  // (gather_copies); the communicator holds one copy of it per peer.
+  BufferView peer_copies;
   // CTAs (channels) per collective, NCCL's minCTAs = maxCTAs, and the cap on the copy-engine
   // path's sum kernel; 0 = NCCL (the kernel) decides.
   int ctas = 0;
@@ -51,6 +54,9 @@ class NcclCommunicator : public Communicator {
   CommHandle reduce_scatter_sum(BufferView buf, const std::vector<int64_t>& counts) override;
   CommHandle all_gather(BufferView buf, const std::vector<Range>& segments) override;
   CommHandle broadcast(BufferView buf, int root) override;
+  CommHandle gather_copies(BufferView buf) override;
+  // Rank r's whole peer_copies buffer as this rank holds it (this rank's: the buffer itself).
+  BufferView copy_of(int r) const;
   void barrier() override;
   std::string name() const override { return "nccl"; }
 

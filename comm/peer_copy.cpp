@@ -41,10 +41,12 @@ constexpr int64_t kStagingBytes = int64_t{32} << 20;  // per lane: sums go throu
 // A copy engine runs one copy at a time; copies on separate streams use several of them.
 constexpr int kMinLanes = 2;
 
-// One copy from a peer's buffer to this rank's (byte offsets, the same in both buffers).
+// One copy from a peer's buffer to this rank's, or to this rank's copy of the peer's buffer
+// (byte offsets, the same in both buffers).
 struct Pull {
   int peer;
   int64_t offset, bytes;
+  char* dst = nullptr;  // base of the destination buffer; nullptr: this rank's registered buffer
 };
 
 }  // namespace
@@ -56,6 +58,7 @@ struct PeerCopy::Impl {
   uint32_t* counters = nullptr;          // this rank's [kCounters]
   std::vector<uint32_t*> peer_counters;  // every rank's, mapped (this rank's entry: counters)
   char* staging = nullptr;               // [lanes][kStagingBytes], for sums only
+  std::vector<char*> copies;             // hold_copies: every peer's buffer as received (own: null)
   std::vector<cudaStream_t> lanes;
   std::vector<cudaEvent_t> join;
   cudaEvent_t fork = nullptr;
@@ -104,9 +107,9 @@ struct PeerCopy::Impl {
         const int64_t piece =
             std::min(kStagingBytes, (p.bytes + kMinLanes - 1) / kMinLanes / 256 * 256 + 256);
         for (int64_t at = 0; at < p.bytes; at += piece, lane = (lane + 1) % lanes.size())
-          CUDA_CHECK(cudaMemcpyAsync(base + p.offset + at, peers[p.peer] + p.offset + at,
-                                     std::min(piece, p.bytes - at), cudaMemcpyDeviceToDevice,
-                                     lanes[lane]));
+          CUDA_CHECK(cudaMemcpyAsync((p.dst ? p.dst : base) + p.offset + at,
+                                     peers[p.peer] + p.offset + at, std::min(piece, p.bytes - at),
+                                     cudaMemcpyDeviceToDevice, lanes[lane]));
       }
     });
   }
@@ -149,11 +152,13 @@ struct PeerCopy::Impl {
     for (cudaEvent_t e : join) cudaEventDestroy(e);
     if (fork) cudaEventDestroy(fork);
     cudaFree(staging);
+    for (char* c : copies) cudaFree(c);
     cudaFree(counters);
   }
 };
 
-PeerCopy::PeerCopy(const MpiCommunicator& boot, BufferView buf, int device, int sum_ctas)
+PeerCopy::PeerCopy(const MpiCommunicator& boot, BufferView buf, int device, int sum_ctas,
+                   bool hold_copies)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   TRAINER_CHECK(buf.device == DeviceKind::kCuda, "peer copies need a device buffer");
@@ -182,6 +187,10 @@ PeerCopy::PeerCopy(const MpiCommunicator& boot, BufferView buf, int device, int 
   m.dtype = buf.dtype;
   const int lanes = std::max(kMinLanes, m.world - 1);
   if (buf.dtype == DType::kF32) CUDA_CHECK(cudaMalloc(&m.staging, lanes * kStagingBytes));
+  m.copies.assign(m.world, nullptr);
+  if (hold_copies)
+    for (int p = 0; p < m.world; ++p)
+      if (p != m.rank) CUDA_CHECK(cudaMalloc(&m.copies[p], m.bytes));
   int least = 0, greatest = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   m.lanes.assign(lanes, nullptr);
@@ -264,6 +273,33 @@ void PeerCopy::reduce(const BufferView& v, const std::vector<int64_t>& counts, b
   }
   m.post(comm, kConsumed);
   m.await_all(comm, kConsumed);
+}
+
+void PeerCopy::gather_copies(const BufferView& v, cudaStream_t compute, cudaStream_t comm) {
+  Impl& m = *impl_;
+  TRAINER_CHECK(covers(v), "peer copy of a view outside the registered buffer");
+  TRAINER_CHECK(m.world == 1 || m.copies[m.rank == 0 ? 1 : 0] != nullptr,
+                "gather_copies without hold_copies");
+  ++m.n;
+  const int64_t offset = static_cast<char*>(v.data) - m.base;
+  std::vector<Pull> pulls;
+  for (int p = 0; p < m.world; ++p)
+    if (p != m.rank && v.count > 0)
+      pulls.push_back({p, offset, static_cast<int64_t>(v.bytes()), m.copies[p]});
+  m.post(compute, kPosted);
+  m.await_all(comm, kPosted);
+  m.copy(comm, pulls);
+  m.post(comm, kConsumed);
+  m.await_all(comm, kConsumed);
+}
+
+BufferView PeerCopy::copy(int r) const {
+  const Impl& m = *impl_;
+  TRAINER_CHECK(r >= 0 && r < m.world, "rank {} of {}", r, m.world);
+  char* data = r == m.rank ? m.base : m.copies[r];
+  TRAINER_CHECK(data != nullptr, "no copy of rank {}'s buffer (hold_copies)", r);
+  return BufferView{data, m.bytes / static_cast<int64_t>(dtype_size(m.dtype)), m.dtype,
+                    DeviceKind::kCuda};
 }
 
 void PeerCopy::gather(const BufferView& buf, const std::vector<Range>& segments,

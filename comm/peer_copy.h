@@ -16,7 +16,10 @@
 //                    segment from it
 //                    consumed := n;  wait every peer's consumed >= n
 // An all-gather is the same without the sum: wait for each peer's posted >= n, copy its segment;
-// consumed := n; wait for every peer's consumed >= n.
+// consumed := n; wait for every peer's consumed >= n. gather_copies() is that all-gather with
+// every peer's whole view copied into a local copy of that peer's buffer instead of in place:
+// the ranks exchange bf16 gradients whole and the optimizer adds the copies (no sum kernel, so
+// backward shares the GPU with copy engines only).
 // The counters are written and waited on with stream memory operations (cuStreamWriteValue32 /
 // cuStreamWaitValue32), so no host blocks. The final wait means that when the collective's
 // completion event fires, every peer has also finished reading this rank's buffer, so the
@@ -39,9 +42,11 @@ class PeerCopy {
  public:
   // Collective over `boot`. `buf` (on `device`; fp32 for sums) must start a cudaMalloc allocation,
   // as DeviceBuffer's views do. sum_ctas caps the CTAs of the sum kernel (0: the kernel's default).
-  // Throws UsageError on every rank when the ranks are not all on one host (or are more than 8),
-  // or when the GPUs cannot map each other's memory.
-  PeerCopy(const MpiCommunicator& boot, BufferView buf, int device, int sum_ctas = 0);
+  // With `hold_copies`, allocates one buffer like `buf` per peer for gather_copies(). Throws
+  // UsageError on every rank when the ranks are not all on one host (or are more than 8), or when
+  // the GPUs cannot map each other's memory.
+  PeerCopy(const MpiCommunicator& boot, BufferView buf, int device, int sum_ctas = 0,
+           bool hold_copies = false);
   ~PeerCopy();
   PeerCopy(const PeerCopy&) = delete;
   PeerCopy& operator=(const PeerCopy&) = delete;
@@ -59,6 +64,12 @@ class PeerCopy {
   // peer's segment into this rank's buf. Queued like reduce().
   void gather(const BufferView& buf, const std::vector<Range>& segments, cudaStream_t compute,
               cudaStream_t comm);
+  // v (inside the registered buffer) of every peer p is copied to the same elements of copy(p).
+  // Needs hold_copies. Queued like reduce().
+  void gather_copies(const BufferView& v, cudaStream_t compute, cudaStream_t comm);
+  // Rank r's buffer as this rank holds it: the registered buffer itself for this rank, the copy
+  // gather_copies() fills for a peer.
+  BufferView copy(int r) const;
 
  private:
   struct Impl;

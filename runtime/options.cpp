@@ -106,7 +106,8 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--timing-warmup", o.timing_warmup, "steps left out of the final timing table");
   app.add_option("--grad-transport", o.grad_transport,
                  "nccl | ce: how GPU gradients move (ce: copy engines over NVLink, only the sums "
-                 "use SMs; every rank on one host)");
+                 "use SMs; every rank on one host; with --grad-reduce bf16 the ranks exchange "
+                 "whole bf16 gradients that the optimizer adds)");
   app.add_option(
       "--comm-sms", o.comm_sms,
       "GPU: NCCL (or the copy-engine path's sum kernel) runs on this many CTAs, and with "
@@ -182,10 +183,11 @@ void validate_options(const Options& o) {
   if (o.timing_warmup < 0) usage_error("--timing-warmup must not be negative");
   if (o.grad_transport != "nccl" && o.grad_transport != "ce")
     usage_error("--grad-transport '{}' is not nccl or ce", o.grad_transport);
-  if (o.grad_transport == "ce" && o.grad_reduce != "fp32")
+  if (o.grad_transport == "ce" && o.grad_reduce == "bf16" && o.shard_optim)
     usage_error(
-        "--grad-transport ce sums fp32 gradients: it cannot be combined with --grad-reduce {}",
-        o.grad_reduce);
+        "--grad-transport ce --grad-reduce bf16 exchanges whole bf16 gradients and adds them in "
+        "the optimizer: it cannot be combined with --shard-optim (use --grad-transport nccl, or "
+        "fp32 sums by copy engines with --grad-reduce fp32)");
   if (o.comm_sms < 0 || o.comm_sms > 64)
     usage_error("--comm-sms must lie in [0, 64] (got {})", o.comm_sms);
   if (!(o.time_limit_min >= 0) || !std::isfinite(o.time_limit_min))

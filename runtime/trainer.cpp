@@ -207,7 +207,11 @@ class Run {
   // Flushes metrics.jsonl; a failed write (a full disk) stops the run rather than lose metrics.
   void check_metrics_written();
   void forward_backward(int64_t step, bool backward, bool reduce);
+  // Waits for the gradients (all of them) and applies AdamW to the owned range.
   void optimizer_step(int64_t s, double& grad_norm);
+  // Waits, timed as exposed communication, for the gradient collectives of the units that begin
+  // before flat element `end`; launches any that backward left.
+  void await_grads(int64_t end);
   // Makes the parameters at offsets >= `from` current: waits for the ZeRO-1 all-gathers still
   // writing any of them. Inside forward the wait is timed as exposed communication.
   void await_params(int64_t from, bool in_forward);
@@ -250,6 +254,9 @@ class Run {
   std::optional<ShardPlan> shards_;
   Range owned_;
   std::vector<Range> update_parts_;  // of owned_, relative to its start
+  // --grad-transport ce --grad-reduce bf16 on several GPUs: the ranks exchange their bf16
+  // gradients whole and the update adds every rank's copy (GradTerms) instead of an all-reduce.
+  bool grad_copies_ = false;
   // ZeRO-1 all-gathers launched by the last update and not yet waited for, with the end of the
   // highest range each writes: the next forward waits for each only when it gets there.
   struct PendingGather {
@@ -345,6 +352,11 @@ void Run::setup() {
       usage_error("--grad-transport {} needs --device cuda", o_.grad_transport);
     if (device_ == DeviceKind::kCpu && o_.comm_sms != 0)
       usage_error("--comm-sms {} needs --device cuda", o_.comm_sms);
+    if (o_.grad_transport == "ce" && o_.grad_reduce == "bf16" && precision_ != Precision::kBf16)
+      usage_error(
+          "--grad-transport ce --grad-reduce bf16 keeps bf16 gradients, which needs --precision "
+          "bf16 (this run: {})",
+          precision_name(precision_));
     if (!o_.benchmark) {
       train_.emplace(TokenStream::open(o_.data));
       train_->check_length(o_.config.ctx);
@@ -464,6 +476,12 @@ void Run::setup() {
   ro.precision = precision_;
   ro.attention = o_.attention;
   ro.optimizer_elems = owned_.size();
+  grad_copies_ = device_ == DeviceKind::kCuda && nranks_ > 1 && o_.grad_transport == "ce" &&
+                 o_.grad_reduce == "bf16";
+  if (grad_copies_) {
+    ro.grad_dtype = DType::kBF16;
+    ro.grad_copies = nranks_ - 1;
+  }
   if (device_ == DeviceKind::kCuda) {
     ro.device_index = gpu;
     // Only strategies that run collectives during backward share the SMs with it.
@@ -481,7 +499,7 @@ void Run::setup() {
     NcclOptions no;
     no.device = ro.device_index;
     no.compute_stream = replica_->stream();
-    no.reduce_in_bf16 = o_.grad_reduce == "bf16";
+    no.reduce_in_bf16 = o_.grad_reduce == "bf16" && !grad_copies_;
     // bf16 scratch for the largest unit that is reduced at once.
     if (no.reduce_in_bf16)
       for (const GradUnit& u : plan_units(strategy, tensors, flat_, bucket_bytes))
@@ -489,13 +507,22 @@ void Run::setup() {
     no.timeout_s = o_.comm_timeout;
     no.ctas = o_.comm_sms;
     if (o_.grad_transport == "ce") {
-      if (rank_ == 0 && nranks_ > 2)
+      if (rank_ == 0 && nranks_ > 2 && grad_copies_)
+        spdlog::warn(
+            "--grad-transport ce --grad-reduce bf16 on {} ranks: each rank receives the whole "
+            "gradient of each of {} peers, which measured 1.48x the ZeRO-1 step on 4 H200s "
+            "(docs/performance.md); it pays off on 2 GPUs",
+            nranks_, nranks_ - 1);
+      else if (rank_ == 0 && nranks_ > 2)
         spdlog::warn(
             "--grad-transport ce on {} ranks: each rank sums its segment of every bucket from {} "
             "peers' copies, which measured 1.3-1.8x slower steps than nccl on 4 H200s "
             "(docs/performance.md); it pays off on 2 GPUs",
             nranks_, nranks_ - 1);
-      no.peer_copy = replica_->grads();
+      if (grad_copies_)
+        no.peer_copies = replica_->grads();
+      else
+        no.peer_copy = replica_->grads();
       if (shards_) no.peer_gather = replica_->params();  // ZeRO-1's all-gather too
     }
     nccl_ = make_nccl_communicator(world_, no);
@@ -507,7 +534,7 @@ void Run::setup() {
       world_, [&] { opt_ = std::make_unique<AdamW>(device_, owned_.size(), o_.adamw()); });
 
   sync_ = std::make_unique<GradSync>(*grad_comm_, tensors, replica_->grads(), strategy,
-                                     bucket_bytes, shards_ ? &*shards_ : nullptr);
+                                     bucket_bytes, shards_ ? &*shards_ : nullptr, grad_copies_);
   timer_ = make_step_timer(device_, replica_->stream());
 #ifdef TRAINER_WITH_CUDA
   if (nccl_) nccl_->set_origin(timer_->origin_event());
@@ -542,12 +569,18 @@ void Run::setup() {
       spdlog::info("attention: {}", attention);
     const double pbytes = static_cast<double>(replica_->params().bytes());
     const double gbytes = static_cast<double>(replica_->grads().bytes());
+    const double nranks_copies = grad_copies_ ? nranks_ : 1;
     const double abytes = static_cast<double>(replica_->activation_bytes());
     spdlog::info(
-        "memory per rank: params {} ({}) | grads {} (f32) | optimizer state {} | "
+        "memory per rank: params {} ({}) | grads {} ({}{}) | optimizer state {} | "
         "activations {} | total {}",
-        mib(pbytes), dtype_name(replica_->params().dtype), mib(gbytes), mib(opt_bytes[0]),
-        mib(abytes), mib(pbytes + gbytes + opt_bytes[0] + abytes));
+        mib(pbytes), dtype_name(replica_->params().dtype), mib(gbytes * nranks_copies),
+        dtype_name(replica_->grads().dtype),
+        grad_copies_ ? fmt::format(": this rank's and {} peer cop{}", nranks_ - 1,
+                                   nranks_ == 2 ? "y" : "ies")
+                     : "",
+        mib(opt_bytes[0]), mib(abytes),
+        mib(pbytes + gbytes * nranks_copies + opt_bytes[0] + abytes));
     std::string per_rank;
     for (size_t r = 0; r < opt_bytes.size(); ++r)
       per_rank += fmt::format("{}rank {}: {}", r ? ", " : "", r, mib(opt_bytes[r]));
@@ -555,7 +588,10 @@ void Run::setup() {
                  shards_ ? fmt::format(" / {} ranks, ZeRO-1", nranks_) : std::string(", unsharded"),
                  per_rank);
     spdlog::info("gradient sync: --ddp {}{} | {}", sync_strategy_name(strategy),
-                 shards_ ? " + reduce-scatter (ZeRO-1)" : "", describe_units(sync_->units()));
+                 shards_        ? " + reduce-scatter (ZeRO-1)"
+                 : grad_copies_ ? " + whole bf16 copies by copy engines, added in the update"
+                                : "",
+                 describe_units(sync_->units()));
     if (shards_ && nranks_ > 1)
       spdlog::info(
           "ZeRO-1 parameter all-gather: {} part(s) of up to {:.2f} MiB of parameters "
@@ -688,16 +724,38 @@ void Run::await_params(int64_t from, bool in_forward) {
 
 void Run::optimizer_step(int64_t s, double& grad_norm) {
   await_params(0, false);  // normally done: forward reads every parameter
-  BufferView grads = replica_->grads().slice(owned_.begin, owned_.size());
+  // The averaged gradient of the owned range: the reduced buffer, or every rank's bf16 copy.
+  GradTerms grads{replica_->grads().slice(owned_.begin, owned_.size())};
+#ifdef TRAINER_WITH_CUDA
+  if (grad_copies_) {
+    grads.clear();
+    for (int r = 0; r < nranks_; ++r)
+      grads.push_back(nccl_->copy_of(r).slice(owned_.begin, owned_.size()));
+  }
+#endif
+  auto part_of = [&](const Range& part) {
+    GradTerms t;
+    for (const BufferView& g : grads) t.push_back(g.slice(part.begin, part.size()));
+    return t;
+  };
   BufferView params = replica_->params().slice(owned_.begin, owned_.size());
   const bool gather = shards_ && nranks_ > 1;
+  // The last unit's collective (the embedding's, which backward finalises last) still runs while
+  // the norm of everything before it is computed.
+  const int64_t last = sync_->units().empty() ? flat_ : sync_->units().back().range.begin;
+  const int64_t split = std::clamp(last, owned_.begin, owned_.end) - owned_.begin;
+  await_grads(last);
   {
     PhaseScope p(*timer_, Phase::kOptimizer);
 #ifdef TRAINER_WITH_CUDA
     nvtxRangePushA("optimizer");  // so nsys timelines show the step like the code reads
 #endif
     // Global norm of the averaged gradient: each rank holds the whole of it, or (ZeRO-1) its shard.
-    double sq = sum_squares(grads, replica_->stream());
+    double sq = sum_squares(part_of({0, split}), replica_->stream());
+    timer_->end(Phase::kOptimizer);
+    await_grads(flat_);
+    timer_->begin(Phase::kOptimizer);
+    sq += sum_squares(part_of({split, owned_.size()}), replica_->stream());
     if (gather) sq = world_.sum(sq);
     grad_norm = std::sqrt(sq);
     const float clip = clip_scale(grad_norm, o_.clip);
@@ -705,9 +763,8 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
     // next forward waits for a part only when it reaches it. Parts run from the end of the slices
     // to their start, the order forward reads the buffer (the embedding is last in it).
     for (auto part = update_parts_.rbegin(); part != update_parts_.rend(); ++part) {
-      opt_->step_part(*part, grads.slice(part->begin, part->size()),
-                      params.slice(part->begin, part->size()), schedule_.at(s), s + 1, clip,
-                      replica_->stream());
+      opt_->step_part(*part, part_of(*part), params.slice(part->begin, part->size()),
+                      schedule_.at(s), s + 1, clip, replica_->stream());
       if (!gather) continue;
       std::vector<Range> segments;
       int64_t end = 0;
@@ -724,14 +781,15 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
   }
 }
 
+void Run::await_grads(int64_t end) {
+  PhaseScope p(*timer_, Phase::kComm);
+  sync_->finish_before(end);
+}
+
 double Run::train_step(int64_t s, PhaseTimes& times, double& grad_norm) {
   timer_->begin(Phase::kStep);
   replica_->zero_grads();
   forward_backward(s, /*backward=*/true, /*reduce=*/true);
-  {
-    PhaseScope p(*timer_, Phase::kComm);
-    sync_->finish();
-  }
   optimizer_step(s, grad_norm);
   timer_->end(Phase::kStep);
   const double loss = world_.sum(replica_->take_loss()) / nranks_;
@@ -1098,12 +1156,11 @@ void Run::benchmark(TrainResult& result) {
     timer_->begin(Phase::kStep);
     if (backward) replica_->zero_grads();
     forward_backward(s, backward, /*reduce=*/backward);
-    if (backward) {
-      PhaseScope p(*timer_, Phase::kComm);
-      sync_->finish();
-    }
     double norm = 0;
-    if (step) optimizer_step(s % o_.steps, norm);
+    if (step)
+      optimizer_step(s % o_.steps, norm);
+    else if (backward)
+      await_grads(flat_);
     timer_->end(Phase::kStep);
     replica_->take_loss();
     PhaseTimes t = collect_times(s, s + 1 == warm + n);

@@ -61,7 +61,7 @@ expect 2 "--comm-timeout must be positive" "$trainer" "${small[@]}" "${data[@]}"
 expect 2 "--grad-reduce 'fp16'" "$trainer" "${small[@]}" "${data[@]}" --grad-reduce fp16
 expect 2 "--grad-transport ce needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --grad-transport ce
 expect 2 "--grad-transport 'shm' is not nccl or ce" "$trainer" "${small[@]}" "${data[@]}" --grad-transport shm
-expect 2 "cannot be combined with --grad-reduce bf16" "$trainer" "${small[@]}" "${data[@]}" --grad-transport ce --grad-reduce bf16
+expect 2 "cannot be combined with --shard-optim" "$trainer" "${small[@]}" "${data[@]}" --grad-transport ce --grad-reduce bf16 --shard-optim
 expect 2 "--comm-sms 8 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --comm-sms 8
 expect 2 "--comm-sms must lie in \\[0, 64\\]" "$trainer" "${small[@]}" "${data[@]}" --comm-sms -1
 expect 2 "--mode 'bogus'" "$trainer" "${small[@]}" --benchmark --mode bogus
