@@ -24,6 +24,8 @@ def label(r):
         s += "\n+ZeRO-1"
     if r.get("grad_transport") == "ce":
         s += "\ncopy eng."
+    if r.get("grad_reduce") == "bf16":
+        s += "\nbf16 grads"
     return s
 
 
