@@ -58,7 +58,8 @@ struct PeerCopy::Impl {
   uint32_t* counters = nullptr;          // this rank's [kCounters]
   std::vector<uint32_t*> peer_counters;  // every rank's, mapped (this rank's entry: counters)
   char* staging = nullptr;               // [lanes][kStagingBytes], for sums only
-  std::vector<char*> copies;             // hold_copies: every peer's buffer as received (own: null)
+  std::vector<char*>
+      copies;  // hold_copies: every rank's buffer as received (own: null); else empty
   std::vector<cudaStream_t> lanes;
   std::vector<cudaEvent_t> join;
   cudaEvent_t fork = nullptr;
@@ -187,10 +188,11 @@ PeerCopy::PeerCopy(const MpiCommunicator& boot, BufferView buf, int device, int 
   m.dtype = buf.dtype;
   const int lanes = std::max(kMinLanes, m.world - 1);
   if (buf.dtype == DType::kF32) CUDA_CHECK(cudaMalloc(&m.staging, lanes * kStagingBytes));
-  m.copies.assign(m.world, nullptr);
-  if (hold_copies)
+  if (hold_copies) {
+    m.copies.assign(m.world, nullptr);
     for (int p = 0; p < m.world; ++p)
       if (p != m.rank) CUDA_CHECK(cudaMalloc(&m.copies[p], m.bytes));
+  }
   int least = 0, greatest = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   m.lanes.assign(lanes, nullptr);
@@ -278,8 +280,7 @@ void PeerCopy::reduce(const BufferView& v, const std::vector<int64_t>& counts, b
 void PeerCopy::gather_copies(const BufferView& v, cudaStream_t compute, cudaStream_t comm) {
   Impl& m = *impl_;
   TRAINER_CHECK(covers(v), "peer copy of a view outside the registered buffer");
-  TRAINER_CHECK(m.world == 1 || m.copies[m.rank == 0 ? 1 : 0] != nullptr,
-                "gather_copies without hold_copies");
+  TRAINER_CHECK(!m.copies.empty(), "gather_copies without hold_copies");
   ++m.n;
   const int64_t offset = static_cast<char*>(v.data) - m.base;
   std::vector<Pull> pulls;
@@ -296,8 +297,8 @@ void PeerCopy::gather_copies(const BufferView& v, cudaStream_t compute, cudaStre
 BufferView PeerCopy::copy(int r) const {
   const Impl& m = *impl_;
   TRAINER_CHECK(r >= 0 && r < m.world, "rank {} of {}", r, m.world);
+  TRAINER_CHECK(r == m.rank || !m.copies.empty(), "no copy of rank {}'s buffer (hold_copies)", r);
   char* data = r == m.rank ? m.base : m.copies[r];
-  TRAINER_CHECK(data != nullptr, "no copy of rank {}'s buffer (hold_copies)", r);
   return BufferView{data, m.bytes / static_cast<int64_t>(dtype_size(m.dtype)), m.dtype,
                     DeviceKind::kCuda};
 }

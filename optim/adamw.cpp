@@ -61,11 +61,20 @@ GradTermsArg bf16_terms(const GradTerms& terms) {
   return a;
 }
 
-// Element i of the gradient the bf16 terms add up to, as the CUDA kernels compute it.
-inline float term_sum(const GradTermsArg& a, int64_t i) {
-  float s = 0.0f;
-  for (int j = 0; j < a.k; ++j) s += bf16_bits_to_f32(a.t[j][i]);
-  return s;
+// Calls fn(g) with g(i) = element i of the gradient: the f32 term, or the bf16 terms added as the
+// CUDA kernels add them. One call per loop, so the loops carry no per-element dispatch.
+template <typename Fn>
+auto with_gradient(const GradTerms& terms, Fn fn) {
+  if (terms[0].dtype == DType::kF32) {
+    const float* g = terms[0].as<const float>();
+    return fn([g](int64_t i) { return g[i]; });
+  }
+  const GradTermsArg a = bf16_terms(terms);
+  return fn([a](int64_t i) {
+    float s = 0.0f;
+    for (int j = 0; j < a.k; ++j) s += bf16_bits_to_f32(a.t[j][i]);
+    return s;
+  });
 }
 
 }  // namespace
@@ -119,34 +128,39 @@ void AdamW::step_part(Range part, const GradTerms& grads, BufferView params_out,
   float* p = master_.as<float>() + part.begin;
   float* m = exp_avg_.as<float>() + part.begin;
   float* v = exp_avg_sq_.as<float>() + part.begin;
-  const bool f32 = grads[0].dtype == DType::kF32;
-  const float* g = f32 ? grads[0].as<const float>() : nullptr;
-  const GradTermsArg terms = f32 ? GradTermsArg{} : bf16_terms(grads);
   const int64_t n = part.size();
   const bool out_bf16 = params_out.dtype == DType::kBF16;
 
   if (device_ == DeviceKind::kCuda) {
 #ifdef TRAINER_WITH_CUDA
-    if (f32)
-      cuda::adamw_step(p, m, v, g, params_out.data, out_bf16, n, a, stream);
+    if (grads[0].dtype == DType::kF32)
+      cuda::adamw_step(p, m, v, grads[0].as<const float>(), params_out.data, out_bf16, n, a,
+                       stream);
     else
-      cuda::adamw_step(p, m, v, terms, params_out.data, out_bf16, n, a, stream);
+      cuda::adamw_step(p, m, v, bf16_terms(grads), params_out.data, out_bf16, n, a, stream);
     return;
 #else
     (void)stream;
     no_cuda("AdamW::step");
 #endif
   }
-  float* out32 = out_bf16 ? nullptr : params_out.as<float>();
-  uint16_t* out16 = out_bf16 ? params_out.as<uint16_t>() : nullptr;
+  with_gradient(grads, [&](auto g) {
+    if (out_bf16) {
+      uint16_t* out = params_out.as<uint16_t>();
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    adamw_update(p[i], m[i], v[i], f32 ? g[i] : term_sum(terms, i), a);
-    if (out_bf16)
-      out16[i] = f32_to_bf16_bits(p[i]);
-    else
-      out32[i] = p[i];
-  }
+      for (int64_t i = 0; i < n; ++i) {
+        adamw_update(p[i], m[i], v[i], g(i), a);
+        out[i] = f32_to_bf16_bits(p[i]);
+      }
+    } else {
+      float* out = params_out.as<float>();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        adamw_update(p[i], m[i], v[i], g(i), a);
+        out[i] = p[i];
+      }
+    }
+  });
 }
 
 double sum_squares(BufferView x, void* stream) {
@@ -156,15 +170,14 @@ double sum_squares(BufferView x, void* stream) {
 }
 
 double sum_squares(const GradTerms& x, void* stream) {
-  check_terms(x, x.empty() ? 0 : x[0].count, x.empty() ? DeviceKind::kCpu : x[0].device);
+  TRAINER_CHECK(!x.empty(), "a gradient of no terms");
+  check_terms(x, x[0].count, x[0].device);
   const int64_t count = x[0].count;
   if (count == 0) return 0.0;
-  const bool f32 = x[0].dtype == DType::kF32;
-  const float* data = f32 ? x[0].as<const float>() : nullptr;
-  const GradTermsArg terms = f32 ? GradTermsArg{} : bf16_terms(x);
   if (x[0].device == DeviceKind::kCuda) {
 #ifdef TRAINER_WITH_CUDA
-    return f32 ? cuda::sum_squares(data, count, stream) : cuda::sum_squares(terms, count, stream);
+    return x[0].dtype == DType::kF32 ? cuda::sum_squares(x[0].as<const float>(), count, stream)
+                                     : cuda::sum_squares(bf16_terms(x), count, stream);
 #else
     (void)stream;
     no_cuda("sum_squares");
@@ -175,16 +188,18 @@ double sum_squares(const GradTerms& x, void* stream) {
   constexpr int64_t kChunk = int64_t{1} << 16;
   const int64_t chunks = (count + kChunk - 1) / kChunk;
   std::vector<double> partial(static_cast<size_t>(chunks));
+  with_gradient(x, [&](auto g) {
 #pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t end = std::min(count, (c + 1) * kChunk);
-    double s = 0.0;
-    for (int64_t i = c * kChunk; i < end; ++i) {
-      const double e = f32 ? data[i] : term_sum(terms, i);
-      s += e * e;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t end = std::min(count, (c + 1) * kChunk);
+      double s = 0.0;
+      for (int64_t i = c * kChunk; i < end; ++i) {
+        const double e = g(i);
+        s += e * e;
+      }
+      partial[static_cast<size_t>(c)] = s;
     }
-    partial[static_cast<size_t>(c)] = s;
-  }
+  });
   double total = 0.0;
   for (double s : partial) total += s;
   return total;

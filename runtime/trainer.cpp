@@ -569,18 +569,18 @@ void Run::setup() {
       spdlog::info("attention: {}", attention);
     const double pbytes = static_cast<double>(replica_->params().bytes());
     const double gbytes = static_cast<double>(replica_->grads().bytes());
-    const double nranks_copies = grad_copies_ ? nranks_ : 1;
+    const double grad_buffers = grad_copies_ ? nranks_ : 1;  // own, and one per peer
     const double abytes = static_cast<double>(replica_->activation_bytes());
     spdlog::info(
         "memory per rank: params {} ({}) | grads {} ({}{}) | optimizer state {} | "
         "activations {} | total {}",
-        mib(pbytes), dtype_name(replica_->params().dtype), mib(gbytes * nranks_copies),
+        mib(pbytes), dtype_name(replica_->params().dtype), mib(gbytes * grad_buffers),
         dtype_name(replica_->grads().dtype),
         grad_copies_ ? fmt::format(": this rank's and {} peer cop{}", nranks_ - 1,
                                    nranks_ == 2 ? "y" : "ies")
                      : "",
         mib(opt_bytes[0]), mib(abytes),
-        mib(pbytes + gbytes * nranks_copies + opt_bytes[0] + abytes));
+        mib(pbytes + gbytes * grad_buffers + opt_bytes[0] + abytes));
     std::string per_rank;
     for (size_t r = 0; r < opt_bytes.size(); ++r)
       per_rank += fmt::format("{}rank {}: {}", r ? ", " : "", r, mib(opt_bytes[r]));

@@ -5,7 +5,8 @@
 #     with a message naming the rank and the collective, well before the timeout of this script.
 #  2. 3 ranks on 2 GPUs (two ranks would share a GPU, which NCCL refuses) are refused on every rank
 #     with exit code 2 and a message naming the ranks, before NCCL starts; so is a run whose
-#     memory exceeds the GPUs' (xl at 256 x 1024 on 2 ranks), with the sizes.
+#     memory exceeds the GPUs' (xl at 256 x 1024 on 2 ranks), with the sizes, and bf16 gradient
+#     copies (--grad-transport ce --grad-reduce bf16) at --precision fp32.
 #  3. --time-limit, and SIGUSR1 sent to one rank, stop both ranks with a checkpoint (exits 124 and
 #     138), which --resume latest finds.
 #  4. With 3 GPUs or more: --grad-transport ce on 3 ranks (segments of uneven size) trains, and its
@@ -54,16 +55,24 @@ refused() {
 }
 
 refused "3 ranks on 2 GPUs" "ranks 0 and 2 would share one GPU" 0,1
+# refused_on_2 WHAT MESSAGE [trainer flags]: 2 ranks, one per GPU, must each exit 2 with MESSAGE.
+refused_on_2() {
+  local what=$1 msg=$2
+  shift 2
+  out=$(timeout 120 mpirun --oversubscribe --bind-to none -np 2 "$build/trainer" "$@" 2>&1)
+  local rc=$? named ok=0
+  named=$(grep -c -- "$msg" <<<"$out")
+  grep -- "$msg" <<<"$out" | head -2
+  [[ $rc -eq 2 && $named -eq 2 ]] && ok=1
+  verdict $ok "$what: refused on both ranks (exit 2)" "$what: exit $rc, message on $named of 2 ranks"
+}
 # A run too big for the GPUs: both ranks refuse it with the sizes, exit 2, before any work.
-out=$(timeout 120 mpirun --oversubscribe --bind-to none -np 2 "$build/trainer" --device cuda \
-  --model xl --batch 256 --ctx 1024 --benchmark 2>&1)
-rc=$?
-named=$(grep -c "model does not fit: needs .* GiB free on GPU" <<<"$out")
-grep "model does not fit" <<<"$out" | head -2
-ok=0
-[[ $rc -eq 2 && $named -eq 2 ]] && ok=1
-verdict $ok "a run too big for the GPU: refused on both ranks (exit 2)" \
-  "a run too big for the GPU: exit $rc, message on $named of 2 ranks"
+refused_on_2 "a run too big for the GPU" "model does not fit: needs .* GiB free on GPU" \
+  --device cuda --model xl --batch 256 --ctx 1024 --benchmark
+# Whole bf16 gradient copies need bf16 parameters.
+refused_on_2 "bf16 gradient copies at fp32" \
+  "--grad-transport ce --grad-reduce bf16 keeps bf16 gradients, which needs --precision bf16" \
+  "${tiny[@]}" --steps 2 --grad-transport ce --grad-reduce bf16 --precision fp32
 # Stopping with a checkpoint on GPUs: at --time-limit (exit 124); then, resumed with --resume
 # latest, by SIGUSR1 sent to one rank only (exit 138: the ranks agree to stop); then --resume
 # latest continues from that checkpoint.

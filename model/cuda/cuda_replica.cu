@@ -2,11 +2,11 @@
 // buffers of ParamLayout (see model/replica.h for the contract).
 //
 // Memory: parameters (bf16 or fp32) and gradients (fp32, or bf16 when the ranks exchange them
-// whole) are two flat buffers; every activation and
-// scratch buffer is carved once, in the constructor, out of one allocation sized for
-// (max_batch, ctx). Nothing is allocated afterwards, and nothing in forward or backward waits for
-// the device: token ids travel through pinned staging buffers with cudaMemcpyAsync, losses are
-// summed on the device, and take_loss() / evaluate() are the only synchronising calls.
+// whole) are two flat buffers; every activation and scratch buffer is carved once, in the
+// constructor, out of one allocation sized for (max_batch, ctx). Nothing is allocated afterwards,
+// and nothing in forward or backward waits for the device: token ids travel through pinned staging
+// buffers with cudaMemcpyAsync, losses are summed on the device, and take_loss() / evaluate() are
+// the only synchronising calls.
 //
 // Forward of block l (n = B*T rows, d model width, f = d_ff):
 //   ln1  = rmsnorm(x_l)                       [rstd1 kept]
@@ -188,7 +188,7 @@ class CudaReplica final : public Replica {
   const T* P(int64_t offset) const { return params_.as<T>() + offset; }
   // Gradient of the tensor at `offset`, of grad_dtype_.
   void* G(int64_t offset) const {
-    return static_cast<char*>(grads_.view().data) + offset * static_cast<int64_t>(grad_size_);
+    return static_cast<char*>(grads_.view().data) + offset * dtype_size(grad_dtype_);
   }
   // RMSNorm backward with its gain gradient at flat offset `dw` (fp32 or bf16 gradients).
   void norm_backward(const T* x, const T* w, const float* rstd, const T* dy, T* dx,
@@ -221,7 +221,6 @@ class CudaReplica final : public Replica {
   bool tf32_ = false;
   bool flash_ = false;
   DType grad_dtype_ = DType::kF32;
-  size_t grad_size_ = 4;
 
   // Parameter offsets and tensor indices.
   std::vector<BlockParams> blocks_;
@@ -295,7 +294,6 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
       !(o.grad_dtype == DType::kBF16 && std::is_same_v<T, __nv_bfloat16>))
     usage_error("{} gradients need --precision bf16", dtype_name(o.grad_dtype));
   grad_dtype_ = o.grad_dtype;
-  grad_size_ = dtype_size(grad_dtype_);
   flat_ = o.flat_elems;
   d_ = c.d_model;
   f_ = c.d_ff;
@@ -353,7 +351,7 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   const int64_t emb_elems = layout_.tensors()[i_emb_].numel;
   const bool emb_scratch = grad_dtype_ != DType::kF32;
   // Gradients, the embedding's fp32 scratch and the peers' copies the communicator will hold.
-  const int64_t grad_bytes = flat_ * static_cast<int64_t>(grad_size_) +
+  const int64_t grad_bytes = flat_ * static_cast<int64_t>(dtype_size(grad_dtype_)) +
                              (emb_scratch ? emb_elems * 4 : 0) + o.grad_copies * flat_ * 2;
   // The optimizer state is allocated by the optimizer (fp32 master, m, v: 12 bytes per element of
   // this rank's shard); it is counted here so that a model that cannot train is refused before any

@@ -95,28 +95,13 @@ struct Bf16SumGrad {
   }
 };
 
-// Calls fn(Bf16SumGrad<K>{terms}) with K = terms.k.
-template <typename Fn>
+// Calls fn(Bf16SumGrad<K>{terms}) with K = terms.k (1 to kMaxGradTerms).
+template <int K = kMaxGradTerms, typename Fn>
 auto with_terms(const GradTermsArg& terms, Fn fn) {
-  switch (terms.k) {
-    case 1:
-      return fn(Bf16SumGrad<1>{terms});
-    case 2:
-      return fn(Bf16SumGrad<2>{terms});
-    case 3:
-      return fn(Bf16SumGrad<3>{terms});
-    case 4:
-      return fn(Bf16SumGrad<4>{terms});
-    case 5:
-      return fn(Bf16SumGrad<5>{terms});
-    case 6:
-      return fn(Bf16SumGrad<6>{terms});
-    case 7:
-      return fn(Bf16SumGrad<7>{terms});
-    case 8:
-      return fn(Bf16SumGrad<8>{terms});
-  }
-  runtime_error("{} bf16 gradient terms (1 to {})", terms.k, kMaxGradTerms);
+  if constexpr (K > 1)
+    if (terms.k < K) return with_terms<K - 1>(terms, fn);
+  if (terms.k != K) runtime_error("{} bf16 gradient terms (1 to {})", terms.k, kMaxGradTerms);
+  return fn(Bf16SumGrad<K>{terms});
 }
 
 // ---- AdamW: math in adamw_update() (adamw.cuh), shared with the CPU loop ----
