@@ -1,11 +1,19 @@
 #include "comm/mpi_communicator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <functional>
+#include <string_view>
+#include <thread>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace trainer {
 namespace {
@@ -23,6 +31,8 @@ void mpi_check(int rc, const char* call) {
   runtime_error("rank {}: {} failed: {}", rank, call, std::string(msg, len));
 }
 #define MPI_CHECK(call) mpi_check((call), #call)
+// A blocking call of this communicator's rank, under its watchdog (set_wait_limit).
+#define MPI_BLOCKING(call) blocking(#call, [&] { MPI_CHECK(call); })
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
@@ -46,12 +56,90 @@ int as_int_count(int64_t n, const char* op) {
   return static_cast<int>(n);
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
+
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "?";
+  return name;
+}
+
+void abort_all_ranks(const std::string& why, const std::function<void()>& release) {
+  spdlog::critical("{}; aborting every rank (from host {})", why, host_name());
+  spdlog::default_logger()->flush();
+  std::fflush(nullptr);
+  // MPI_Abort asks the launcher to kill every rank; should that (or `release`) hang on a dead
+  // host, this process exits anyway.
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::_Exit(3);
+  }).detach();
+  if (release) release();
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::_Exit(3);
+}
+
+// Watches the blocking MPI call of the rank's main thread (at most one at a time): a thread that
+// looks every 100 ms and stops every rank once the call has waited longer than the limit.
+struct MpiCommunicator::Watchdog {
+  std::atomic<double> limit_s{0};
+  std::atomic<int64_t> since_ns{0};  // when the current call began; 0: none is waiting
+  std::atomic<const char*> what{""};
+  std::atomic<bool> stop{false};
+  int rank = 0, world = 1;
+  std::thread thread;
+
+  Watchdog(int r, int w) : rank(r), world(w), thread([this] { watch(); }) {}
+  ~Watchdog() {
+    stop = true;
+    thread.join();
+  }
+  void watch() {
+    while (!stop.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const int64_t since = since_ns.load();
+      const double limit = limit_s.load();
+      if (since == 0 || limit <= 0) continue;
+      const double waited = (now_ns() - since) / 1e9;
+      const std::string_view call = what.load();  // "MPI_Bcast(&n, 1, ...)": name the function
+      if (waited > limit)
+        abort_all_ranks(fmt::format(
+            "rank {}/{}: {} has waited {:.0f} s for the other ranks (--comm-timeout {:g}): a peer "
+            "rank is dead, stuck or cut off",
+            rank, world, call.substr(0, call.find('(')), waited, limit));
+    }
+  }
+};
+
+void MpiCommunicator::set_wait_limit(double seconds) {
+  if (!watchdog_ && seconds > 0) watchdog_ = std::make_shared<Watchdog>(rank_, world_);
+  if (watchdog_) watchdog_->limit_s = seconds;
+}
+
+template <typename F>
+void MpiCommunicator::blocking(const char* what, F&& call) const {
+  Watchdog* w = watchdog_.get();
+  if (!w) return call();
+  w->what = what;
+  w->since_ns = now_ns();
+  struct Done {
+    Watchdog* w;
+    ~Done() { w->since_ns = 0; }
+  } done{w};
+  call();
+}
 
 class MpiRequest : public CommRequest {
  public:
-  MpiRequest(MpiCommunicator* comm, std::vector<MPI_Request> reqs, std::function<void()> on_done)
-      : comm_(comm), reqs_(std::move(reqs)), on_done_(std::move(on_done)) {
+  MpiRequest(MpiCommunicator* comm, const char* what, std::vector<MPI_Request> reqs,
+             std::function<void()> on_done)
+      : comm_(comm), what_(what), reqs_(std::move(reqs)), on_done_(std::move(on_done)) {
     comm_->live_.push_back(this);
   }
   ~MpiRequest() override {
@@ -59,7 +147,9 @@ class MpiRequest : public CommRequest {
   }
   void wait() override {
     if (done_) return;
-    MPI_CHECK(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE));
+    comm_->blocking(what_, [&] {
+      MPI_CHECK(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE));
+    });
     finish();
   }
   bool test() override {
@@ -79,6 +169,7 @@ class MpiRequest : public CommRequest {
     if (on_done_) on_done_();
   }
   MpiCommunicator* comm_;
+  const char* what_;  // the collective, for the watchdog's message
   std::vector<MPI_Request> reqs_;
   std::function<void()> on_done_;
   bool done_ = false;
@@ -100,7 +191,7 @@ CommHandle MpiCommunicator::all_reduce_sum(BufferView buf) {
                              mpi_type(buf.dtype), MPI_SUM, comm_, &r));
     reqs.push_back(r);
   }
-  return std::make_unique<MpiRequest>(this, std::move(reqs), nullptr);
+  return std::make_unique<MpiRequest>(this, "MPI_Iallreduce", std::move(reqs), nullptr);
 }
 
 CommHandle MpiCommunicator::reduce_scatter_sum(BufferView buf, const std::vector<int64_t>& counts) {
@@ -124,9 +215,9 @@ CommHandle MpiCommunicator::reduce_scatter_sum(BufferView buf, const std::vector
                                 MPI_SUM, comm_, &r));
   const int64_t mine = counts[rank_];
   char* dst = static_cast<char*>(buf.data) + my_offset * esize;
-  return std::make_unique<MpiRequest>(this, std::vector<MPI_Request>{r}, [recv, dst, mine, esize] {
-    std::memcpy(dst, recv->data(), mine * esize);
-  });
+  return std::make_unique<MpiRequest>(
+      this, "MPI_Ireduce_scatter", std::vector<MPI_Request>{r},
+      [recv, dst, mine, esize] { std::memcpy(dst, recv->data(), mine * esize); });
 }
 
 CommHandle MpiCommunicator::all_gather(BufferView buf, const std::vector<Range>& segments) {
@@ -140,7 +231,8 @@ CommHandle MpiCommunicator::all_gather(BufferView buf, const std::vector<Range>&
   MPI_Request r;
   MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data, icounts.data(),
                             displs.data(), mpi_type(buf.dtype), comm_, &r));
-  return std::make_unique<MpiRequest>(this, std::vector<MPI_Request>{r}, nullptr);
+  return std::make_unique<MpiRequest>(this, "MPI_Iallgatherv", std::vector<MPI_Request>{r},
+                                      nullptr);
 }
 
 CommHandle MpiCommunicator::broadcast(BufferView buf, int root) {
@@ -154,10 +246,10 @@ CommHandle MpiCommunicator::broadcast(BufferView buf, int root) {
     MPI_CHECK(MPI_Ibcast(static_cast<char*>(buf.data) + off, n, MPI_BYTE, root, comm_, &r));
     reqs.push_back(r);
   }
-  return std::make_unique<MpiRequest>(this, std::move(reqs), nullptr);
+  return std::make_unique<MpiRequest>(this, "MPI_Ibcast", std::move(reqs), nullptr);
 }
 
-void MpiCommunicator::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::barrier() { MPI_BLOCKING(MPI_Barrier(comm_)); }
 
 void MpiCommunicator::progress() {
   // test() may remove the request from live_, so walk a copy.
@@ -167,27 +259,27 @@ void MpiCommunicator::progress() {
 
 double MpiCommunicator::sum(double x) const {
   double out = 0;
-  MPI_CHECK(MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_SUM, comm_));
+  MPI_BLOCKING(MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_SUM, comm_));
   return out;
 }
 
 double MpiCommunicator::max(double x) const {
   double out = 0;
-  MPI_CHECK(MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_MAX, comm_));
+  MPI_BLOCKING(MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_MAX, comm_));
   return out;
 }
 
 int64_t MpiCommunicator::max(int64_t x) const {
   int64_t out = 0;
-  MPI_CHECK(MPI_Allreduce(&x, &out, 1, MPI_INT64_T, MPI_MAX, comm_));
+  MPI_BLOCKING(MPI_Allreduce(&x, &out, 1, MPI_INT64_T, MPI_MAX, comm_));
   return out;
 }
 
 std::string MpiCommunicator::broadcast_string(const std::string& s, int root) const {
   int64_t n = static_cast<int64_t>(s.size());
-  MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT64_T, root, comm_));
+  MPI_BLOCKING(MPI_Bcast(&n, 1, MPI_INT64_T, root, comm_));
   std::string out = rank_ == root ? s : std::string(n, '\0');
-  MPI_CHECK(MPI_Bcast(out.data(), as_int_count(n, "broadcast_string"), MPI_CHAR, root, comm_));
+  MPI_BLOCKING(MPI_Bcast(out.data(), as_int_count(n, "broadcast_string"), MPI_CHAR, root, comm_));
   return out;
 }
 
@@ -195,7 +287,7 @@ std::vector<std::vector<double>> MpiCommunicator::gather_to_root(
     const std::vector<double>& mine) const {
   const int n = static_cast<int>(mine.size());
   std::vector<double> all(rank_ == 0 ? static_cast<size_t>(n) * world_ : 0);
-  MPI_CHECK(MPI_Gather(mine.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, 0, comm_));
+  MPI_BLOCKING(MPI_Gather(mine.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, 0, comm_));
   std::vector<std::vector<double>> rows;
   if (rank_ == 0)
     for (int r = 0; r < world_; ++r)
@@ -206,24 +298,24 @@ std::vector<std::vector<double>> MpiCommunicator::gather_to_root(
 void MpiCommunicator::gather_to_root(const float* mine, int64_t n, float* root_out) const {
   const int count = as_int_count(n, "gather_to_root");
   std::vector<int> counts(world_), displs(world_);
-  MPI_CHECK(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm_));
+  MPI_BLOCKING(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm_));
   int64_t total = 0;
   for (int r = 0; r < world_; ++r)
     displs[r] = as_int_count(total, "gather_to_root"), total += counts[r];
-  MPI_CHECK(MPI_Gatherv(mine, count, MPI_FLOAT, root_out, counts.data(), displs.data(), MPI_FLOAT,
-                        0, comm_));
+  MPI_BLOCKING(MPI_Gatherv(mine, count, MPI_FLOAT, root_out, counts.data(), displs.data(),
+                           MPI_FLOAT, 0, comm_));
 }
 
 std::vector<std::string> MpiCommunicator::gather_strings_to_root(const std::string& mine) const {
   const int n = as_int_count(static_cast<int64_t>(mine.size()), "gather_strings");
   std::vector<int> sizes(world_), displs(world_);
-  MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_));
+  MPI_BLOCKING(MPI_Gather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_));
   int64_t total = 0;
   for (int r = 0; r < world_; ++r)
     displs[r] = as_int_count(total, "gather_strings"), total += sizes[r];
   std::string all(rank_ == 0 ? total : 0, '\0');
-  MPI_CHECK(MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), displs.data(), MPI_CHAR,
-                        0, comm_));
+  MPI_BLOCKING(MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), displs.data(),
+                           MPI_CHAR, 0, comm_));
   std::vector<std::string> out;
   if (rank_ == 0)
     for (int r = 0; r < world_; ++r) out.push_back(all.substr(displs[r], sizes[r]));

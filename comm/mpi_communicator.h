@@ -4,6 +4,8 @@
 
 #include <mpi.h>
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,10 @@ class MpiCommunicator : public Communicator {
   std::string name() const override { return "mpi"; }
 
   MPI_Comm comm() const { return comm_; }
+  // From now on a blocking MPI call or wait of this rank that lasts longer than `seconds` stops
+  // every rank (abort_all_ranks): a peer host that died or was cut off would otherwise leave the
+  // collective waiting forever. 0 turns the limit off (the default).
+  void set_wait_limit(double seconds);
 
   // Blocking host-side helpers.
   double sum(double x) const;
@@ -44,8 +50,22 @@ class MpiCommunicator : public Communicator {
   MPI_Comm comm_;
   int rank_ = 0, world_ = 1;
   std::vector<CommRequest*> live_;  // requests not yet complete, for progress()
+  struct Watchdog;
+  std::shared_ptr<Watchdog> watchdog_;
+  // Runs `call`, a blocking MPI call named `what`, under the watchdog.
+  template <typename F>
+  void blocking(const char* what, F&& call) const;
   friend class MpiRequest;
 };
+
+// This machine's hostname (as the launcher and the per-rank report name it).
+std::string host_name();
+
+// Stops every rank at once, from any thread: logs `why` (critical, naming this host), runs
+// `release` (e.g. ncclCommAbort), then MPI_Abort; exits with code 3 after a few seconds should
+// MPI_Abort itself not get through to the others (a dead host).
+[[noreturn]] void abort_all_ranks(const std::string& why,
+                                  const std::function<void()>& release = {});
 
 // This rank's place among the ranks of `comm` on its node (a shared-memory split of `comm`).
 struct NodeRanks {

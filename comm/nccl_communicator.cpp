@@ -129,11 +129,8 @@ struct NcclCommunicator::Impl {
   }
 
   [[noreturn]] void fail(const std::string& why) {
-    spdlog::critical("rank {}/{}: {}; aborting every rank", rank, world, why);
-    spdlog::default_logger()->flush();
-    ncclCommAbort(comm);
-    MPI_Abort(MPI_COMM_WORLD, 3);
-    std::_Exit(3);
+    abort_all_ranks(fmt::format("rank {}/{}: {}", rank, world, why),
+                    [this] { ncclCommAbort(comm); });
   }
 };
 

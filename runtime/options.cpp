@@ -114,7 +114,8 @@ Options parse_options(int argc, char** argv) {
       "overlap/bucketed on several ranks backward's GEMMs leave it that many SMs (0 = NCCL's "
       "default, GEMMs use every SM)");
   app.add_option("--comm-timeout", o.comm_timeout,
-                 "seconds a GPU collective may take before every rank is stopped");
+                 "seconds a rank may wait in a collective (NCCL or MPI) during training before "
+                 "every rank is stopped (a peer dead, stuck or cut off)");
   app.add_option("--trace", o.trace,
                  "write a Chrome-trace JSON (Perfetto) of phases and collectives");
   app.add_option("--peak-tflops", o.peak_tflops,
@@ -127,6 +128,7 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--debug-die-rank", o.debug_die_rank)->group("");
   app.add_option("--debug-stall-at-step", o.debug_stall_at_step)->group("");
   app.add_option("--debug-stall-rank", o.debug_stall_rank)->group("");
+  app.add_option("--debug-step-ms", o.debug_step_ms)->group("");
 
   try {
     app.parse(argc, argv);

@@ -44,7 +44,7 @@ struct Options {
   int64_t timing_warmup = 5;
   std::string grad_transport = "nccl";  // nccl | ce (copy engines, ranks of one host)
   int comm_sms = 0;           // SMs reserved for NCCL while backward runs (0 = NCCL decides)
-  double comm_timeout = 300;  // seconds a GPU collective may take before every rank is stopped
+  double comm_timeout = 300;  // seconds a collective may wait in training before all ranks stop
   std::string trace;          // Chrome-trace JSON of step phases and collectives
   double peak_tflops = 0;     // 0: by device and precision
   // Benchmark mode
@@ -57,6 +57,9 @@ struct Options {
   // Testing hook (hidden): one rank stops answering at a step, to test the collective watchdog.
   int64_t debug_stall_at_step = -1;
   int debug_stall_rank = -1;
+  // Testing hook (hidden): every training step lasts at least this many ms (the ranks sleep after
+  // it), so that a tiny model runs for as long as a test of stopping and resuming jobs needs.
+  double debug_step_ms = 0;
 
   std::vector<std::string> argv;  // the command line, for logs and checkpoints
   std::string help;               // set (and nothing validated) when --help was given

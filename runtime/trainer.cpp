@@ -1,7 +1,10 @@
 #include "runtime/trainer.h"
 
+#include <fcntl.h>
 #include <omp.h>
 #include <sched.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +35,7 @@
 #include "optim/schedule.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
+#include "runtime/placement.h"
 #include "runtime/safetensors.h"
 #include "runtime/stop_signal.h"
 
@@ -69,7 +73,7 @@ constexpr const char* kCsvHeader =
     "time,model,d_model,d_ff,layers,heads,vocab,ctx,batch,grad_accum,world,device,precision,attn,"
     "ddp,bucket_mb,shard_optim,mode,warmup,steps,forward_ms,forward_std,backward_ms,backward_std,"
     "comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,step_median_ms,tokens_per_s,mfu,"
-    "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env";
+    "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,hosts";
 
 // A CSV that already has rows must have been written with the same columns.
 void check_csv_header(const std::string& path) {
@@ -83,13 +87,24 @@ void check_csv_header(const std::string& path) {
                 path);
 }
 
+// Appends one row, writing the header first into an empty file. Several runs may append to one
+// CSV at once (the tasks of a Slurm job array, on several hosts of a shared file system): the
+// row goes in one write() under an exclusive lock, so none is lost, torn or headerless.
 void append_csv_row(const std::string& path, const std::string& row) {
-  check_csv_header(path);
-  const bool fresh = !fs::exists(path) || fs::file_size(path) == 0;
-  std::ofstream csv(path, std::ios::app);
-  if (!csv) usage_error("--csv {}: cannot open for appending", path);
-  if (fresh) csv << kCsvHeader << "\n";
-  csv << row;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) usage_error("--csv {}: cannot open for appending ({})", path, std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }  // also releases the lock
+  } closer{fd};
+  if (::flock(fd, LOCK_EX) != 0)
+    usage_error("--csv {}: cannot lock the file ({})", path, std::strerror(errno));
+  check_csv_header(path);  // under the lock: another run may have just written the header
+  struct stat st {};
+  const bool fresh = ::fstat(fd, &st) == 0 && st.st_size == 0;
+  const std::string bytes = (fresh ? std::string(kCsvHeader) + "\n" : std::string()) + row;
+  if (::write(fd, bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size()))
+    usage_error("--csv {}: cannot append the row ({})", path, std::strerror(errno));
 }
 
 // Where a resumed run sets aside the lines the interrupted run logged after its checkpoint.
@@ -243,8 +258,9 @@ class Run {
   int rank_ = 0, nranks_ = 1;
   DeviceKind device_ = DeviceKind::kCpu;
   Precision precision_ = Precision::kFp32;
-  std::string gpu_name_;    // this rank's GPU ("" on the CPU)
-  double peak_tflops_ = 0;  // per device, for MFU (0: not reported)
+  std::string gpu_name_;           // this rank's GPU ("" on the CPU)
+  std::vector<RankPlace> places_;  // every rank's host, local rank and GPU (rank 0 only)
+  double peak_tflops_ = 0;         // per device, for MFU (0: not reported)
   int64_t flat_ = 0, G_ = 0;
   std::unique_ptr<Replica> replica_;
 #ifdef TRAINER_WITH_CUDA
@@ -312,6 +328,7 @@ void Run::setup() {
               i, j, node.size, gpus);
     shared_gpu = world_.broadcast_string(shared_gpu, 0);
   }
+  places_ = gather_places(world_, this_place(node.rank, device_ == DeviceKind::kCuda ? gpu : -1));
   // --resume latest: rank 0 looks, so that every rank resumes from the same checkpoint.
   resume_latest_ = o_.resume == kResumeLatest && !o_.out.empty();
   resume_ = o_.resume;
@@ -562,6 +579,9 @@ void Run::setup() {
         "global batch {} sequences = {} tokens/step",
         nranks_, device_ == DeviceKind::kCuda ? fmt::format("cuda ({})", gpu_name_) : "cpu",
         precision_name(precision_), o_.batch, c.ctx, o_.grad_accum, G_, G_ * c.ctx);
+    const int hosts = host_count(places_);
+    for (const std::string& line : describe_places(places_))
+      spdlog::info("placement: {} host{} | {}", hosts, hosts > 1 ? "s" : "", line);
     const std::string attention = replica_->attention_kernel();
     if (device_ == DeviceKind::kCuda && o_.attention == "flash" && attention.rfind("flash", 0) != 0)
       spdlog::warn("attention: {}", attention);
@@ -974,8 +994,9 @@ void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseT
               {"tokens_per_s", tok_s}, {"step_ms", ms}, {"wall_ms", wall_ms}};
     if (peak > 0) j["mfu"] = mfu;
     json per_rank = json::array();
-    for (const PhaseTimes& t : ranks) {
-      json r;
+    for (size_t k = 0; k < ranks.size(); ++k) {
+      const PhaseTimes& t = ranks[k];
+      json r = {{"host", places_[k].host}};
       for (int p = 0; p <= kCommTotal; ++p) r[std::string(time_slot_name(p)) + "_ms"] = t[p];
       per_rank.push_back(r);
     }
@@ -1003,11 +1024,13 @@ void Run::report_timing(const std::vector<std::vector<PhaseTimes>>& rank_times, 
                             : fmt::format(" (first {} left out, --timing-warmup)", skip));
   // Total collective time is measured on GPUs (CUDA events on the comm stream) only.
   const int slots = grad_comm_ != &world_ ? kCommTotal + 1 : kNumPhases;
-  std::string head = fmt::format("{:>6}", "rank");
+  size_t host_width = 4;
+  for (const RankPlace& p : places_) host_width = std::max(host_width, p.host.size());
+  std::string head = fmt::format("{:>6} {:<{}}", "rank", "host", host_width);
   for (int p = 0; p < slots; ++p) head += fmt::format(" {:>17}", time_slot_name(p));
   spdlog::info("{}", head);
   for (int r = 0; r < nranks_; ++r) {
-    std::string row = fmt::format("{:>6}", r);
+    std::string row = fmt::format("{:>6} {:<{}}", r, places_[r].host, host_width);
     for (int p = 0; p < slots; ++p) {
       std::vector<double> xs;
       for (int64_t s = skip; s < n; ++s) xs.push_back(rank_times[s][r][p]);
@@ -1029,6 +1052,13 @@ TrainResult Run::execute(bool keep_params) {
     return result;
   }
   init_state();
+  // From here on every rank waits in MPI only for the others' steps: a wait longer than
+  // --comm-timeout means a peer is gone (on GPUs NCCL's collectives are watched as well).
+  world_.set_wait_limit(o_.comm_timeout);
+  struct Disarm {
+    MpiCommunicator& world;
+    ~Disarm() { world.set_wait_limit(0); }
+  } disarm{world_};
   result.first_step = start_step_;
   if (o_.benchmark)
     benchmark(result);
@@ -1111,6 +1141,9 @@ void Run::train(TrainResult& result, Clock::time_point started) {
     double norm = 0;
     const double loss = train_step(s, times, norm);
     if (!std::isfinite(loss)) runtime_error("loss became {} at step {}", loss, s + 1);
+    if (o_.debug_step_ms > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
+          std::max(0.0, o_.debug_step_ms - ms_since(launched))));
     result.losses.push_back(loss);
     const std::vector<PhaseTimes> ranks = gather_times(times);
     on_rank0([&] {
@@ -1230,14 +1263,16 @@ void Run::benchmark(TrainResult& result) {
     const ModelConfig& c = o_.config;
     const std::string row = fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
-        "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{}"
-        "\n",
+        "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{},"
+        "{}\n",
         std::time(nullptr), o_.model, c.d_model, c.d_ff, c.n_layers, c.n_heads, c.vocab, c.ctx,
         o_.batch, o_.grad_accum, nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu",
         precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
         o_.bench_mode, warm, n, fw.mean, fw.std, bw.mean, bw.std, cm.mean, cm.std, op.mean, op.std,
         st.mean, st.std, med, tok_s, mfu, max_mem / 1073741824.0, o_.grad_reduce, o_.grad_transport,
-        o_.comm_sms, tc.mean, nccl_env);
+        o_.comm_sms, tc.mean,
+        nccl_env.find(',') == std::string::npos ? nccl_env : '"' + nccl_env + '"',
+        host_count(places_));
     append_csv_row(o_.csv, row);
   }
 }

@@ -288,6 +288,15 @@ if [[ $(grep -c "missing.npy" <<<"$out") -ge 2 ]]; then passed=$((passed + 1)); 
 # A rank that dies mid-run: every rank stops, non-zero, well within the timeout.
 expect nonzero "exits abruptly" $mpirun -np 2 "$trainer" "${small[@]}" "${data[@]}" --steps 1000 \
   --debug-die-at-step 3 --debug-die-rank 1
+# A rank that stops answering (alive, but never reaches the next collective): the others' MPI
+# wait stops every rank after --comm-timeout, naming the call, instead of hanging.
+start=$SECONDS
+expect nonzero "rank 0/3: MPI_[A-Za-z]+ has waited [0-9]+ s for the other ranks \(--comm-timeout 3\)" \
+  $mpirun -np 3 "$trainer" "${small[@]}" "${data[@]}" --steps 1000 --comm-timeout 3 \
+  --debug-stall-at-step 4 --debug-stall-rank 2
+if ((SECONDS - start > 30)); then
+  echo "FAIL: the stalled run took $((SECONDS - start)) s to stop (--comm-timeout 3)"
+  failures=$((failures + 1)); fi
 # And a healthy 2-rank run for contrast, with a trace that holds both ranks' phases.
 expect 0 "step +2/2" $mpirun -np 2 "$trainer" "${small[@]}" "${data[@]}" --steps 2 --log-every 1 \
   --trace "$tmp/trace.json"
