@@ -14,9 +14,8 @@ EAGER = {("small", 4, 512): 42156, ("medium", 4, 512): 29184, ("large", 4, 512):
          ("xl", 4, 512): 8886, ("2.7B", 4, 512): 11550, ("small", 16, 1024): 245759}
 
 
-def main():
-    path = sys.argv[1]
-    anchors = "--anchors" in sys.argv
+def render(path, anchors=False):
+    """The rows of the CSV at `path` as a Markdown table (a string)."""
     rows = list(csv.reader(open(path)))
     head = rows[0]
     col = {name: i for i, name in enumerate(head)}
@@ -27,6 +26,11 @@ def main():
            "| comm ms | opt ms | tok/s | MFU | peak GiB |" + (" vs eager |" if anchors else "")
            + (" collectives ran ms |" if extra else "")]
     out.append("|" + "---|" * (13 + anchors + extra))
+    # A preset name with dimensions set by hand (--d-model ...) names more than one model.
+    dims = {}
+    for r in rows[1:]:
+        if r[0] != "oom" and "d_model" in col:
+            dims.setdefault(r[col["model"]], set()).add(tuple(r[col[k]] for k in ("d_model", "layers")))
     for r in rows[1:]:
         if r[0] == "oom":
             out.append(f"| {r[1]} | 1 | | {r[8]}×{r[7]} | out of memory |"
@@ -54,18 +58,31 @@ def main():
                 ddp += ", " + env
         if g("world") == "1":
             ddp = "—"
-        line = (f"| {g('model')} | {g('world')} | {ddp} | {g('batch')}×{g('ctx')} "
+        model = g("model")
+        if len(dims.get(model, ())) > 1:
+            model += f" (d {g('d_model')}, {g('layers')} layers)"
+        world = g("world")
+        if g("hosts") not in ("", "1"):
+            world += f" ({g('hosts')} hosts)"
+        mfu = f"{100 * f('mfu'):.1f}%" if f("mfu") > 0 else "—"  # no peak known (CPU)
+        line = (f"| {model} | {world} | {ddp} | {g('batch')}×{g('ctx')} "
                 f"| {f('step_median_ms'):.2f} | {f('step_ms'):.2f} ± {f('step_std'):.2f} "
                 f"| {f('forward_ms'):.2f} | {f('backward_ms'):.2f} | {f('comm_ms'):.2f} "
-                f"| {f('optimizer_ms'):.2f} | {f('tokens_per_s'):,.0f} | {100 * f('mfu'):.1f}% "
+                f"| {f('optimizer_ms'):.2f} | {f('tokens_per_s'):,.0f} "
+                f"| {mfu} "
                 f"| {f('peak_mem_gib'):.1f} |")
         if anchors:
             key = (g("model"), int(g("batch")), int(g("ctx")))
             line += f" {f('tokens_per_s') / EAGER[key]:.2f}× |" if key in EAGER else " |"
         if extra:
-            line += f" {f('comm_total_ms'):.1f} |" if g("world") != "1" else " — |"
+            # Measured on the GPU's comm stream only.
+            line += f" {f('comm_total_ms'):.1f} |" if g("world") != "1" and g("device") != "cpu" else " — |"
         out.append(line)
-    print("\n".join(out))
+    return "\n".join(out)
+
+
+def main():
+    print(render(sys.argv[1], "--anchors" in sys.argv))
 
 
 if __name__ == "__main__":

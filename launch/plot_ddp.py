@@ -14,47 +14,70 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def label(r):
+def label(r, with_config=False):
+    unit = "GPU" if r.get("device", "cuda") == "cuda" else "rank"
     if r["world"] == "1":
-        return "1 GPU"
-    s = f"{r['world']} GPUs\n{r['ddp']}"
-    if r["ddp"] == "bucketed":
-        s += f"\n{float(r['bucket_mb']):g} MiB"
-    if r["shard_optim"] == "1":
-        s += "\n+ZeRO-1"
-    if r.get("grad_transport") == "ce":
-        s += "\ncopy eng."
-    if r.get("grad_reduce") == "bf16":
-        s += "\nbf16 grads"
+        s = f"1 {unit}"
+    else:
+        s = f"{r['world']} {unit}s"
+        if r.get("hosts", "1") not in ("", "1"):
+            s += f", {r['hosts']} hosts"
+        s += f"\n{r['ddp']}"
+        if r["ddp"] == "bucketed":
+            s += f"\n{float(r['bucket_mb']):g} MiB"
+        if r["shard_optim"] == "1":
+            s += "\n+ZeRO-1"
+        if r.get("grad_transport") == "ce":
+            s += "\ncopy eng."
+        if r.get("grad_reduce") == "bf16":
+            s += "\nbf16 grads"
+    if with_config:  # rows of several models or contexts in one plot
+        s = f"{config(r)}\n{s}"
     return s
+
+
+def config(r):
+    return f"{r['model']} d{r['d_model']}×{r['layers']}\nctx {r['ctx']}"
+
+
+def read_rows(paths):
+    """Benchmark rows of the CSVs, a configuration taken from an earlier CSV not repeated."""
+    rows, seen = [], set()
+    for path in paths:
+        for r in csv.DictReader(open(path)):
+            if r.get("time") != "oom" and label(r, True) not in seen:
+                seen.add(label(r, True))
+                rows.append(r)
+    return rows
+
+
+def plot(rows, out, title):
+    """Median step time per row, split into compute and exposed communication (a PNG at out)."""
+    several = len({config(r) for r in rows}) > 1
+    names = [label(r, several) for r in rows]
+    step = [float(r["step_median_ms"]) for r in rows]
+    comm = [float(r["comm_ms"]) for r in rows]
+    compute = [s - c for s, c in zip(step, comm)]
+    fig, ax = plt.subplots(figsize=(max(6, (1.1 + 0.2 * several) * len(rows)), 4.5 + 0.5 * several))
+    ax.bar(names, compute, label="step minus exposed communication", color="#4c72b0")
+    ax.bar(names, comm, bottom=compute, label="exposed communication", color="#dd8452")
+    single = [s for r, s in zip(rows, step) if r["world"] == "1"]
+    if single and not several:
+        ax.axhline(single[0], color="black", lw=1, ls="--", label="1-GPU step")
+    for i, s in enumerate(step):
+        ax.text(i, s, f"{s:.0f}" if s >= 10 else f"{s:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("ms per step (median)")
+    ax.set_title(title)
+    ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
+    plt.xticks(fontsize=7 if several else 8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
 
 
 def main():
     out, title = sys.argv[1], sys.argv[2]
-    rows, seen = [], set()
-    for path in sys.argv[3:]:
-        for r in csv.DictReader(open(path)):
-            if r.get("time") != "oom" and label(r) not in seen:
-                seen.add(label(r))
-                rows.append(r)
-    names = [label(r) for r in rows]
-    step = [float(r["step_median_ms"]) for r in rows]
-    comm = [float(r["comm_ms"]) for r in rows]
-    compute = [s - c for s, c in zip(step, comm)]
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4.5))
-    ax.bar(names, compute, label="step minus exposed communication", color="#4c72b0")
-    ax.bar(names, comm, bottom=compute, label="exposed communication", color="#dd8452")
-    single = [s for r, s in zip(rows, step) if r["world"] == "1"]
-    if single:
-        ax.axhline(single[0], color="black", lw=1, ls="--", label="1-GPU step")
-    for i, s in enumerate(step):
-        ax.text(i, s, f"{s:.0f}", ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel("ms per step (median)")
-    ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
-    plt.xticks(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    plot(read_rows(sys.argv[3:]), out, title)
 
 
 if __name__ == "__main__":

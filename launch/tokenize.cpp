@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "launch/tool_main.h"
 #include "runtime/data.h"
 
 namespace {
@@ -67,21 +68,6 @@ int main(int argc, char** argv) {
                  "that go to validation, in [0, 1)")
       ->capture_default_str();
   app.add_option("FILE", inputs, "text files, concatenated in the order given")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {  // --help
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
-  }
-  try {
-    return run(out_train, out_val, val_fraction, inputs);
-  } catch (const trainer::UsageError& e) {
-    std::fprintf(stderr, "tokenize: error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "tokenize: internal error: %s\n", e.what());
-    return 1;
-  }
+  return trainer::tool_main("tokenize", app, argc, argv,
+                            [&] { return run(out_train, out_val, val_fraction, inputs); });
 }
