@@ -15,10 +15,12 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-# NumPy and safetensors for the cross-check against an independent NumPy model (optional: the
-# test reports "skipped" without them).
-if ! python3 -c "import numpy, safetensors" 2>/dev/null; then
-  python3 -m pip install --quiet numpy safetensors 2>/dev/null ||
-    python3 -m pip install --quiet --break-system-packages numpy safetensors 2>/dev/null ||
-    echo "note: could not pip-install numpy and safetensors; the NumPy cross-check will be skipped"
+# NumPy and safetensors for the cross-check against an independent NumPy model (the test reports
+# "skipped" without them); matplotlib for the plots of benchmark sweeps (the cluster sweep test
+# renders one). From PyPI, so that all three agree on one NumPy.
+if ! python3 -c "import numpy, safetensors, matplotlib" 2>/dev/null; then
+  py=(numpy safetensors matplotlib)
+  python3 -m pip install --quiet "${py[@]}" 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages "${py[@]}" 2>/dev/null ||
+    echo "note: could not pip-install ${py[*]}; the NumPy cross-check is skipped, plots fail"
 fi
