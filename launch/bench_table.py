@@ -54,6 +54,8 @@ def render(path, anchors=False):
             tcp = "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo"
             if tcp in env:  # plans/slow_net.txt: NCCL forced onto TCP sockets over loopback
                 env = env.replace(tcp, "NCCL over TCP (lo)")
+            if g("hosts") not in ("", "1"):  # as_hosts.sh: NCCL between hosts over TCP (lo)
+                env = env.replace("NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo", "").strip()
             if env:
                 ddp += ", " + env
         if g("world") == "1":
@@ -64,8 +66,11 @@ def render(path, anchors=False):
         world = g("world")
         if g("hosts") not in ("", "1"):
             world += f" ({g('hosts')} hosts)"
+        shape = f"{g('batch')}×{g('ctx')}"
+        if g("grad_accum") not in ("", "1"):
+            shape += f" ×{g('grad_accum')} accum"
         mfu = f"{100 * f('mfu'):.1f}%" if f("mfu") > 0 else "—"  # no peak known (CPU)
-        line = (f"| {model} | {world} | {ddp} | {g('batch')}×{g('ctx')} "
+        line = (f"| {model} | {world} | {ddp} | {shape} "
                 f"| {f('step_median_ms'):.2f} | {f('step_ms'):.2f} ± {f('step_std'):.2f} "
                 f"| {f('forward_ms'):.2f} | {f('backward_ms'):.2f} | {f('comm_ms'):.2f} "
                 f"| {f('optimizer_ms'):.2f} | {f('tokens_per_s'):,.0f} "
@@ -82,6 +87,8 @@ def render(path, anchors=False):
 
 
 def main():
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        sys.exit(__doc__.strip())
     print(render(sys.argv[1], "--anchors" in sys.argv))
 
 
