@@ -54,17 +54,18 @@ cluster_healthy() {
 }
 
 # start_slurmd I: host I's slurmd, inside its network namespace, with the host's own hostname
-# (Slurm, Open MPI and the trainer see one host per namespace) and its own /tmp, in a mount
-# namespace of its own that ends with its last process (node-local files, PMIx's and Open MPI's
-# session directories, must not meet another host's, as on a cluster). Its PID goes to
-# $CLUSTER_DIR/slurmd.NAME.launched.
+# (Slurm, Open MPI and the trainer see one host per namespace), in a mount namespace of its own
+# that ends with its last process. There, Slurm's node-local scratch (TmpFS, where PMIx puts its
+# per-step directories, named alike on every host) is a directory of this host's own, as on a
+# cluster; /tmp stays the machine's, so a checkout under /tmp is on the "shared file system" too.
+# Its PID goes to $CLUSTER_DIR/slurmd.NAME.launched.
 start_slurmd() {
   local name
   name=$(node_name "$1")
-  mkdir -p "$CLUSTER_DIR/spool/$name" "$CLUSTER_DIR/tmp/$name"
+  mkdir -p "$CLUSTER_DIR/spool/$name" "$CLUSTER_DIR/tmp/$name" "$CLUSTER_DIR/node-tmp"
   chmod 1777 "$CLUSTER_DIR/tmp/$name"
   setsid ip netns exec "$(node_ns "$1")" unshare --uts --mount -- env -i PATH="$PATH" sh -c \
-    "hostname $name && mount --bind $CLUSTER_DIR/tmp/$name /tmp &&
+    "hostname $name && mount --bind $CLUSTER_DIR/tmp/$name $CLUSTER_DIR/node-tmp &&
      exec slurmd -D -N $name -f $CLUSTER_DIR/etc/slurm.conf" \
     > "$CLUSTER_DIR/log/slurmd.$name.out" 2>&1 < /dev/null &
   echo $! > "$CLUSTER_DIR/slurmd.$name.launched"
