@@ -12,6 +12,7 @@
 #include <string_view>
 #include <thread>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -41,9 +42,28 @@ MPI_Datatype mpi_type(DType t) {
     case DType::kF64:
       return MPI_DOUBLE;
     case DType::kBF16:
-      break;
+      return MPI_UINT16_T;  // moved as bits; summed by bf16_sum below
   }
   runtime_error("MPI collectives on {} buffers are not supported", dtype_name(t));
+}
+
+// MPI has no bf16: sums of bf16 buffers add in fp32 and round each partial sum to bf16, as a
+// reduction kernel on bf16 data does.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    b[i] = f32_to_bf16_bits(bf16_bits_to_f32(a[i]) + bf16_bits_to_f32(b[i]));
+}
+
+MPI_Op mpi_sum(DType t) {
+  if (t != DType::kBF16) return MPI_SUM;
+  static const MPI_Op op = [] {
+    MPI_Op o;
+    MPI_CHECK(MPI_Op_create(&bf16_sum, /*commute=*/1, &o));
+    return o;
+  }();
+  return op;
 }
 
 void check_host(const BufferView& b, const char* op) {
@@ -188,7 +208,7 @@ CommHandle MpiCommunicator::all_reduce_sum(BufferView buf) {
     const int n = static_cast<int>(std::min(kMaxChunk, buf.count - off));
     MPI_Request r;
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buf.data) + off * esize, n,
-                             mpi_type(buf.dtype), MPI_SUM, comm_, &r));
+                             mpi_type(buf.dtype), mpi_sum(buf.dtype), comm_, &r));
     reqs.push_back(r);
   }
   return std::make_unique<MpiRequest>(this, "MPI_Iallreduce", std::move(reqs), nullptr);
@@ -212,7 +232,7 @@ CommHandle MpiCommunicator::reduce_scatter_sum(BufferView buf, const std::vector
   auto recv = std::make_shared<std::vector<char>>(std::max<size_t>(1, counts[rank_] * esize));
   MPI_Request r;
   MPI_CHECK(MPI_Ireduce_scatter(buf.data, recv->data(), icounts.data(), mpi_type(buf.dtype),
-                                MPI_SUM, comm_, &r));
+                                mpi_sum(buf.dtype), comm_, &r));
   const int64_t mine = counts[rank_];
   char* dst = static_cast<char*>(buf.data) + my_offset * esize;
   return std::make_unique<MpiRequest>(

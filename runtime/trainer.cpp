@@ -1,10 +1,7 @@
 #include "runtime/trainer.h"
 
-#include <fcntl.h>
 #include <omp.h>
 #include <sched.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +31,7 @@
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "runtime/checkpoint.h"
+#include "runtime/csv.h"
 #include "runtime/data.h"
 #include "runtime/placement.h"
 #include "runtime/safetensors.h"
@@ -74,38 +72,6 @@ constexpr const char* kCsvHeader =
     "ddp,bucket_mb,shard_optim,mode,warmup,steps,forward_ms,forward_std,backward_ms,backward_std,"
     "comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,step_median_ms,tokens_per_s,mfu,"
     "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,hosts";
-
-// A CSV that already has rows must have been written with the same columns.
-void check_csv_header(const std::string& path) {
-  std::error_code ec;
-  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
-    usage_error("--csv {}: not a regular file", path);
-  std::ifstream in(path);
-  std::string first;
-  if (in && std::getline(in, first) && !first.empty() && first != kCsvHeader)
-    usage_error("--csv {}: the file has other columns (written by another version); use a new file",
-                path);
-}
-
-// Appends one row, writing the header first into an empty file. Several runs may append to one
-// CSV at once (the tasks of a Slurm job array, on several hosts of a shared file system): the
-// row goes in one write() under an exclusive lock, so none is lost, torn or headerless.
-void append_csv_row(const std::string& path, const std::string& row) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) usage_error("--csv {}: cannot open for appending ({})", path, std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }  // also releases the lock
-  } closer{fd};
-  if (::flock(fd, LOCK_EX) != 0)
-    usage_error("--csv {}: cannot lock the file ({})", path, std::strerror(errno));
-  check_csv_header(path);  // under the lock: another run may have just written the header
-  struct stat st {};
-  const bool fresh = ::fstat(fd, &st) == 0 && st.st_size == 0;
-  const std::string bytes = (fresh ? std::string(kCsvHeader) + "\n" : std::string()) + row;
-  if (::write(fd, bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size()))
-    usage_error("--csv {}: cannot append the row ({})", path, std::strerror(errno));
-}
 
 // Where a resumed run sets aside the lines the interrupted run logged after its checkpoint.
 constexpr const char* kSupersededMetrics = "metrics_superseded.jsonl";
@@ -409,7 +375,7 @@ void Run::setup() {
     if (rank_ == 0 && !o_.trace.empty()) check_writable_file("--trace", o_.trace);
     if (rank_ == 0 && o_.benchmark && !o_.csv.empty()) {
       check_writable_file("--csv", o_.csv);
-      check_csv_header(o_.csv);
+      check_csv_header(o_.csv, kCsvHeader);
     }
     if (device_ == DeviceKind::kCpu) {
       // The CPU replica's flat buffers (weights and gradients, fp32) and the optimizer state
@@ -1252,14 +1218,6 @@ void Run::benchmark(TrainResult& result) {
                median(wall));
   report_timing(all, 0);
   if (!o_.csv.empty()) {
-    // NCCL settings from the environment change what a row measures, so they are recorded.
-    std::string nccl_env;
-    for (const char* name :
-         {"NCCL_MAX_CTAS", "NCCL_MIN_CTAS", "NCCL_CTA_POLICY", "NCCL_PROTO", "NCCL_ALGO",
-          "NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE",
-          "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME"})
-      if (const char* v = std::getenv(name))
-        nccl_env += fmt::format("{}{}={}", nccl_env.empty() ? "" : " ", name, v);
     const ModelConfig& c = o_.config;
     const std::string row = fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
@@ -1270,10 +1228,8 @@ void Run::benchmark(TrainResult& result) {
         precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
         o_.bench_mode, warm, n, fw.mean, fw.std, bw.mean, bw.std, cm.mean, cm.std, op.mean, op.std,
         st.mean, st.std, med, tok_s, mfu, max_mem / 1073741824.0, o_.grad_reduce, o_.grad_transport,
-        o_.comm_sms, tc.mean,
-        nccl_env.find(',') == std::string::npos ? nccl_env : '"' + nccl_env + '"',
-        host_count(places_));
-    append_csv_row(o_.csv, row);
+        o_.comm_sms, tc.mean, nccl_env_field(), host_count(places_));
+    append_csv_row(o_.csv, kCsvHeader, row);
   }
 }
 

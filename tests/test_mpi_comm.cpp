@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "comm/mpi_communicator.h"
+#include "core/bf16.h"
 #include "tests/catch.h"
 
 using namespace trainer;
@@ -108,4 +109,34 @@ TEST_CASE("a usage error on one rank reaches every rank") {
             std::string::npos);
   }
   REQUIRE_NOTHROW(agree_on_usage_errors(comm, [] {}));
+}
+
+TEST_CASE("bf16 sums over MPI add in fp32 and round to bf16") {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  const int r = comm.rank(), w = comm.world();
+  // Small integers are exact in bf16; 1 + 2^-9 per rank is not, and rounds at every partial sum.
+  const int n = 300;
+  std::vector<uint16_t> a(n), b(n);
+  for (int i = 0; i < n; ++i) a[i] = f32_to_bf16_bits(static_cast<float>(r + i % 17));
+  BufferView va{a.data(), n, DType::kBF16, DeviceKind::kCpu};
+  comm.all_reduce_sum(va)->wait();
+  for (int i = 0; i < n; ++i)
+    REQUIRE(bf16_bits_to_f32(a[i]) == static_cast<float>(w * (w - 1) / 2 + w * (i % 17)));
+
+  std::vector<int64_t> counts(w, 8);
+  std::vector<uint16_t> c(8 * w);
+  for (int i = 0; i < 8 * w; ++i) c[i] = f32_to_bf16_bits(static_cast<float>(i + 2 * r));
+  comm.reduce_scatter_sum({c.data(), 8 * w, DType::kBF16, DeviceKind::kCpu}, counts)->wait();
+  for (int i = 8 * r; i < 8 * r + 8; ++i)
+    REQUIRE(bf16_bits_to_f32(c[i]) == static_cast<float>(w * i + w * (w - 1)));
+
+  // 256 + 1 is not a bf16 (8 bits of mantissa): the sum rounds, to nearest even, like a kernel's.
+  for (int i = 0; i < n; ++i) b[i] = f32_to_bf16_bits(r == 0 ? 256.0f : 1.0f);
+  comm.all_reduce_sum({b.data(), n, DType::kBF16, DeviceKind::kCpu})->wait();
+  // 2 ranks: 256 + 1 = 257 is a tie between 256 and 258 and rounds to 256 (not 257, fp32's sum).
+  // 3 ranks: 256 + 1 + 1 gives 256 or 258 depending on the order MPI adds in.
+  const float got = bf16_bits_to_f32(b[0]);
+  if (w == 2) REQUIRE(got == 256.0f);
+  if (w == 3) REQUIRE((got == 256.0f || got == 258.0f));
+  for (int i = 1; i < n; ++i) REQUIRE(b[i] == b[0]);
 }
