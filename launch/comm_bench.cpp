@@ -243,7 +243,10 @@ std::vector<double> Bench::measure(const std::string& op, DType dtype, int64_t c
   fill(buf.view(), true);  // (all_gather: each rank's own segment counts, the rest is overwritten)
   launch(op, buf.view())->wait();
 #ifdef TRAINER_WITH_CUDA
-  if (stream_) CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (stream_) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    nccl_->take_records();  // the checked run's, not timed
+  }
 #endif
   if (world_.rank() == a_.debug_corrupt_rank) corrupt(op, buf.view());
   check(op, buf.view());

@@ -12,5 +12,6 @@ for f in "$build"/tests/test_* "$build"/tests/bench_*; do
   [[ -x $f && -f $f ]] && cp "$f" "$dir/tests/"
 done
 for f in tokenize weights_diff; do cp "$build/launch/$f" "$dir/launch/"; done
-strip "$dir/trainer" "$dir"/tests/* "$dir"/launch/*
+cp "$build/comm_bench" "$dir/"
+strip "$dir/trainer" "$dir/comm_bench" "$dir"/tests/* "$dir"/launch/*
 du -sh "$dir"
