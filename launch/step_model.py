@@ -256,32 +256,32 @@ class Cluster:
 
 def read_comm_bench(paths):
     rows = []
+    need = {"op", "bytes", "world", "median_us", "busbw_gbps"}
     for p in paths:
-        with open(p) as fh:
-            rd = csv.DictReader(fh)
-            need = {"op", "bytes", "world", "median_us", "busbw_gbps"}
-            if not need <= set(rd.fieldnames or []):
-                die(f"{p} is not a comm_bench CSV (needs columns {', '.join(sorted(need))})")
-            rows += list(rd)
+        rs = read_csv_rows(p)
+        if not rs or not need <= set(rs[0]):
+            die(f"{p} is not a comm_bench CSV with rows (needs columns "
+                f"{', '.join(sorted(need))})")
+        rows += rs
     return rows
 
 
-def fit_line(xs, ys):
-    """y = a + b x, least squares in relative error (every size counts alike)."""
+def fit_latency_bandwidth(counts, loads, ys):
+    """y = a * count + b * load with a >= 0, least squares in relative error (every row counts
+    alike): a is a latency per call, b an inverse bandwidth. When a cannot be told apart from b
+    (one row, or every row the same count) or would be negative, a = 0 and b alone is fitted."""
     w = [1.0 / (y * y) for y in ys]
-    sw = sum(w)
-    sx = sum(wi * x for wi, x in zip(w, xs))
-    sy = sum(wi * y for wi, y in zip(w, ys))
-    sxx = sum(wi * x * x for wi, x in zip(w, xs))
-    sxy = sum(wi * x * y for wi, x, y in zip(w, xs, ys))
-    det = sw * sxx - sx * sx
-    if abs(det) < 1e-300:
-        return 0.0, sy / sx if sx else 0.0
-    a = (sxx * sy - sx * sxy) / det
-    b = (sw * sxy - sx * sy) / det
-    if a < 0:  # latency cannot be negative: refit the slope alone
-        a, b = 0.0, sxy / sxx
-    return a, b
+    a11 = sum(wi * c * c for wi, c in zip(w, counts))
+    a12 = sum(wi * c * x for wi, c, x in zip(w, counts, loads))
+    a22 = sum(wi * x * x for wi, x in zip(w, loads))
+    b1 = sum(wi * c * y for wi, c, y in zip(w, counts, ys))
+    b2 = sum(wi * x * y for wi, x, y in zip(w, loads, ys))
+    det = a11 * a22 - a12 * a12
+    if len(set(counts)) > 1 and abs(det) > 1e-12 * a11 * a22:
+        a, b = (a22 * b1 - a12 * b2) / det, (a11 * b2 - a12 * b1) / det
+        if a >= 0:
+            return a, b
+    return 0.0, b2 / a22
 
 
 def link_from_comm_bench(name, paths, dtype="fp32", min_bytes=0, hop=0.0):
@@ -298,7 +298,7 @@ def link_from_comm_bench(name, paths, dtype="fp32", min_bytes=0, hop=0.0):
             die(f"{name}: {op} rows of several world sizes; give one world size per link")
         xs = [bus_factor(op, n) * float(r["bytes"]) for r in rs]
         ys = [float(r["median_us"]) for r in rs]
-        a, b = fit_line(xs, ys)
+        a, b = fit_latency_bandwidth([1] * len(rs), xs, ys)
         base[op], bw[op] = max(0.0, a - ring_steps(op, n) * hop), 1e-3 / b if b > 0 else 1e30
     if "all_reduce" not in base:
         die(f"{name}: no all_reduce rows in {', '.join(paths)}")
@@ -562,15 +562,15 @@ class Manifest:
                                             rows' column COL (default step_median_ms); PARAM:
                                             busbw:OP (GB/s), base:OP (us), scale@N (bandwidth
                                             factor at N ranks)
-    link lines take hop_us=H: the latency of one ring step (default 0; see Link)
       rows CSV [col=v|w ...] [zero1=after|update|forward]   rows to predict
+    link lines take hop_us=H: the latency of one ring step (default 0; see Link); share lines
+    r_c=X or r_m=X to hold one of the two fixed.
     Paths are relative to the manifest's directory's repository root (its parent's parent) or
     absolute. Link names: nvlink, socket (NCCL over TCP inside one host), hosts (between hosts)."""
 
     def __init__(self, path):
-        self.path = path
         self.root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(path))))
-        self.links, self.shares, self.rows = [], [], []
+        self.rows = []
         self.steps = []  # link, share and fit lines in file order
         try:
             lines = open(path).read().splitlines()
@@ -627,20 +627,8 @@ def fit_link_rows(name, path, filters, links, hop=0.0):
         xs.append((len(units), sum(bus_factor("all_reduce", n) * (u[1] - u[0]) * 4
                                    for u in units)))
         ys.append(float(r["comm_total_ms"]) * 1e3 - len(units) * ring_steps("all_reduce", n) * hop)
-    # y = collectives * base + bytes / bw: least squares in relative error
-    if len({x[0] for x in xs}) == 1:
-        base, inv = 0.0, sum(y / x[1] for x, y in zip(xs, ys)) / len(ys)
-    else:
-        w = [1 / y ** 2 for y in ys]
-        a11 = sum(wi * x[0] * x[0] for wi, x in zip(w, xs))
-        a12 = sum(wi * x[0] * x[1] for wi, x in zip(w, xs))
-        a22 = sum(wi * x[1] * x[1] for wi, x in zip(w, xs))
-        b1 = sum(wi * x[0] * y for wi, x, y in zip(w, xs, ys))
-        b2 = sum(wi * x[1] * y for wi, x, y in zip(w, xs, ys))
-        det = a11 * a22 - a12 * a12
-        base, inv = (a22 * b1 - a12 * b2) / det, (a11 * b2 - a12 * b1) / det
-        if base < 0:
-            base, inv = 0.0, b2 / a22
+    # y = collectives * base + bytes / bw
+    base, inv = fit_latency_bandwidth([x[0] for x in xs], [x[1] for x in xs], ys)
     src = f"rows of {os.path.basename(path)} ({', '.join(describe(r)[1] for r in rows)})"
     return Link(name, {"all_reduce": base}, {"all_reduce": 1e-3 / inv}, hop, source=src)
 
@@ -661,8 +649,8 @@ def rel(p, m):
 
 def fit_share(name, path, filters, zero1, links):
     rows = read_csv_rows(path)
-    sel = [r for r in rows if r["world"] != "1" and
-           matches(r, {k: v for k, v in filters.items() if k not in ("r_c", "r_m")})]
+    fixed_c, fixed_m = filters.pop("r_c", None), filters.pop("r_m", None)
+    sel = [r for r in rows if r["world"] != "1" and matches(r, filters)]
     if not sel:
         die(f"share {name}: no rows of {path} match {filters}")
     lk = links[name]
@@ -676,8 +664,6 @@ def fit_share(name, path, filters, zero1, links):
             e += rel(p["comm_total"], float(r["comm_total_ms"])) ** 2
         return e
 
-    fixed_c, fixed_m = filters.pop("r_c", None), filters.pop("r_m", None)
-    sel = [r for r in rows if r["world"] != "1" and matches(r, filters)]
     cs = [float(fixed_c)] if fixed_c else [c / 20 for c in range(4, 21)]
     ms = [float(fixed_m)] if fixed_m else [m / 20 for m in range(4, 21)]
     best = min(((c, m) for c in cs for m in ms), key=lambda g: cost(*g))
@@ -862,8 +848,8 @@ def cmd_predict(a):
     nv = links["nvlink"]
     gpus = [int(x) for x in a.gpus.split(",")]
     rows = []
-    for name in a.models.split(","):
-        comp = one_gpu(a.compute, name, a.ctx, a.batch)
+    comps = {name: one_gpu(a.compute, name, a.ctx, a.batch) for name in a.models.split(",")}
+    for name, comp in comps.items():
         m = model_of(comp)
         f, b, o = (float(comp[k]) for k in ("forward_ms", "backward_ms", "optimizer_ms"))
         t1 = f + b + o
@@ -903,8 +889,7 @@ def cmd_predict(a):
           "ranks' parameters)\n")
     print("| model | " + " | ".join(f"{n} GPUs" for n in gpus) + " |")
     print("|---|" + "---|" * len(gpus))
-    for name in a.models.split(","):
-        comp = one_gpu(a.compute, name, a.ctx, a.batch)
+    for name, comp in comps.items():
         m = model_of(comp)
         for sh in (False, True):
             print(f"| {name}{' --shard-optim' if sh else ''} | " +
@@ -995,7 +980,7 @@ def cmd_scaling(a):
 
 
 def cmd_units(a):
-    m = Model.preset(a.model, a.vocab, a.ctx) if a.model in PRESETS else die("unknown model")
+    m = Model.preset(a.model, a.vocab, a.ctx)
     print(describe_units(plan_units(m, a.ddp, a.bucket_mb, a.world)))
     return 0
 

@@ -108,20 +108,22 @@ out=$($model scaling "$root/docs/results/h200x4_scaling.csv" --params "$tmp/val/
   ok "scaling: measured sweep under the model's line" || fail "scaling: $out"
 
 # 6. Bad inputs: one line naming the problem, exit 2.
-printf 'link nvlink rows nowhere.csv ddp=flat\n' >"$tmp/bad.txt"
-out=$($model validate "$tmp/bad.txt" 2>&1)
-rc=$?
-[[ $rc -eq 2 && $out == *"cannot read"*"nowhere.csv"* ]] && ok "a missing CSV: exit 2, named" ||
-  fail "missing CSV: rc $rc: $out"
+# refuses WHAT NEEDLE CMD...: CMD exits 2 and its output matches the glob NEEDLE.
+refuses() {
+  local what=$1 needle=$2 out rc
+  shift 2
+  out=$("$@" 2>&1)
+  rc=$?
+  [[ $rc -eq 2 && $out == $needle ]] && ok "$what: exit 2, named" || fail "$what: rc $rc: $out"
+}
+printf 'link nvlink rows nowhere.csv ddp=flat\n' >"$tmp/missing.txt"
+refuses "a missing CSV" "*cannot read*nowhere.csv*" $model validate "$tmp/missing.txt"
 printf 'bogus line\n' >"$tmp/bad.txt"
-out=$($model validate "$tmp/bad.txt" 2>&1)
-rc=$?
-[[ $rc -eq 2 && $out == *"bad.txt:1"* ]] && ok "a bad manifest line: exit 2, line named" ||
-  fail "bad manifest line: rc $rc: $out"
-out=$($model predict --params "$tmp/none.json" --compute x.csv 2>&1)
-rc=$?
-[[ $rc -eq 2 && $out == *"none.json"* ]] && ok "missing parameters: exit 2, named" ||
-  fail "missing params: rc $rc: $out"
+refuses "a bad manifest line" "*bad.txt:1*" $model validate "$tmp/bad.txt"
+refuses "links of a missing CSV" "*cannot read*nowhere.csv*" $model links "$tmp/nowhere.csv"
+printf 'time,op\n' >"$tmp/notcb.csv"
+refuses "links of another CSV" "*notcb.csv is not a comm_bench CSV*" $model links "$tmp/notcb.csv"
+refuses "missing parameters" "*none.json*" $model predict --params "$tmp/none.json" --compute x.csv
 
 ((failures == 0)) && echo "step_model: all checks passed" || echo "step_model: $failures failed"
 exit $((failures > 0))
