@@ -90,17 +90,17 @@ std::string host_name() {
   return name;
 }
 
-void abort_all_ranks(const std::string& why, const std::function<void()>& release) {
+void abort_all_ranks(const std::string& why, const std::function<void()>& before_abort) {
   spdlog::critical("{}; aborting every rank (from host {})", why, host_name());
   spdlog::default_logger()->flush();
   std::fflush(nullptr);
-  // MPI_Abort asks the launcher to kill every rank; should that (or `release`) hang on a dead
+  // MPI_Abort asks the launcher to kill every rank; should that (or `before_abort`) hang on a dead
   // host, this process exits anyway.
   std::thread([] {
     std::this_thread::sleep_for(std::chrono::seconds(5));
     std::_Exit(3);
   }).detach();
-  if (release) release();
+  if (before_abort) before_abort();
   MPI_Abort(MPI_COMM_WORLD, 3);
   std::_Exit(3);
 }

@@ -62,10 +62,10 @@ class MpiCommunicator : public Communicator {
 std::string host_name();
 
 // Stops every rank at once, from any thread: logs `why` (critical, naming this host), runs
-// `release` (e.g. ncclCommAbort), then MPI_Abort; exits with code 3 after a few seconds should
+// `before_abort` (e.g. ncclCommAbort), then MPI_Abort; exits with code 3 after a few seconds should
 // MPI_Abort itself not get through to the others (a dead host).
 [[noreturn]] void abort_all_ranks(const std::string& why,
-                                  const std::function<void()>& release = {});
+                                  const std::function<void()>& before_abort = {});
 
 // This rank's place among the ranks of `comm` on its node (a shared-memory split of `comm`).
 struct NodeRanks {

@@ -88,8 +88,9 @@ struct NcclCommunicator::Impl {
     return used++;
   }
 
-  // Orders the comm stream after everything queued on the compute stream so far.
-  size_t begin(const std::string& name) {
+  // Orders the comm stream after everything queued on the compute stream so far and records the
+  // collective's start; end_collective() records its end and hands out the wait.
+  size_t begin_collective(const std::string& name) {
     const size_t ready = next_event();
     CUDA_CHECK(cudaEventRecord(event(ready), compute));
     CUDA_CHECK(cudaStreamWaitEvent(stream, event(ready), 0));
@@ -98,7 +99,7 @@ struct NcclCommunicator::Impl {
     records.push_back({name, start, 0});
     return start;
   }
-  CommHandle end();
+  CommHandle end_collective();
 
   void watch() {
     CUDA_CHECK(cudaSetDevice(opt.device));
@@ -107,7 +108,7 @@ struct NcclCommunicator::Impl {
       ncclResult_t async = ncclSuccess;
       if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess &&
           async != ncclInProgress)
-        fail(fmt::format("asynchronous NCCL error: {}", ncclGetErrorString(async)));
+        abort_ranks(fmt::format("asynchronous NCCL error: {}", ncclGetErrorString(async)));
       std::lock_guard<std::mutex> lock(mu);
       while (!in_flight.empty()) {
         const cudaError_t q = cudaEventQuery(in_flight.front().done);
@@ -115,11 +116,12 @@ struct NcclCommunicator::Impl {
           in_flight.pop_front();
           continue;
         }
-        if (q != cudaErrorNotReady) fail(fmt::format("CUDA error {}", cudaGetErrorString(q)));
+        if (q != cudaErrorNotReady)
+          abort_ranks(fmt::format("CUDA error {}", cudaGetErrorString(q)));
         const double waited =
             std::chrono::duration<double>(Clock::now() - in_flight.front().launched).count();
         if (waited > opt.timeout_s)
-          fail(
+          abort_ranks(
               fmt::format("{} has not completed after {:.0f} s (--comm-timeout {}): a peer rank "
                           "is dead, stuck or out of step",
                           in_flight.front().name, waited, opt.timeout_s));
@@ -128,7 +130,7 @@ struct NcclCommunicator::Impl {
     }
   }
 
-  [[noreturn]] void fail(const std::string& why) {
+  [[noreturn]] void abort_ranks(const std::string& why) {
     abort_all_ranks(fmt::format("rank {}/{}: {}", rank, world, why),
                     [this] { ncclCommAbort(comm); });
   }
@@ -151,7 +153,7 @@ class NcclRequest : public CommRequest {
   bool waited_ = false;
 };
 
-CommHandle NcclCommunicator::Impl::end() {
+CommHandle NcclCommunicator::Impl::end_collective() {
   const size_t stop_ev = next_event();
   CUDA_CHECK(cudaEventRecord(event(stop_ev), stream));
   records.back().stop = stop_ev;
@@ -215,12 +217,12 @@ CommHandle NcclCommunicator::all_reduce_sum(BufferView buf) {
     // then each copies the others' sums.
     std::vector<int64_t> counts(m.world, buf.count / m.world / 64 * 64);
     counts.back() = buf.count - (m.world - 1) * counts[0];
-    m.begin(describe("all_reduce", buf) + " by copy engines");
+    m.begin_collective(describe("all_reduce", buf) + " by copy engines");
     m.peer->reduce(buf, counts, /*gather=*/true, m.compute, m.stream);
-    return m.end();
+    return m.end_collective();
   }
   const bool via_bf16 = m.opt.reduce_in_bf16 && buf.dtype == DType::kF32;
-  m.begin(describe("all_reduce", buf) + (via_bf16 ? " as bf16" : ""));
+  m.begin_collective(describe("all_reduce", buf) + (via_bf16 ? " as bf16" : ""));
   if (via_bf16) {
     TRAINER_CHECK(buf.count <= m.opt.staging_elems, "bf16 staging of {} < {}", m.opt.staging_elems,
                   buf.count);
@@ -234,7 +236,7 @@ CommHandle NcclCommunicator::all_reduce_sum(BufferView buf) {
                              m.stream),
                "all_reduce");
   }
-  return m.end();
+  return m.end_collective();
 }
 
 CommHandle NcclCommunicator::reduce_scatter_sum(BufferView buf,
@@ -244,12 +246,12 @@ CommHandle NcclCommunicator::reduce_scatter_sum(BufferView buf,
   TRAINER_CHECK(static_cast<int>(counts.size()) == m.world, "{} counts for world {}", counts.size(),
                 m.world);
   if (m.peer && m.peer->covers(buf)) {
-    m.begin(describe("reduce_scatter", buf) + " by copy engines");
+    m.begin_collective(describe("reduce_scatter", buf) + " by copy engines");
     m.peer->reduce(buf, counts, /*gather=*/false, m.compute, m.stream);
-    return m.end();
+    return m.end_collective();
   }
   const bool via_bf16 = m.opt.reduce_in_bf16 && buf.dtype == DType::kF32;
-  m.begin(describe("reduce_scatter", buf) + (via_bf16 ? " as bf16" : ""));
+  m.begin_collective(describe("reduce_scatter", buf) + (via_bf16 ? " as bf16" : ""));
   void* data = buf.data;
   ncclDataType_t type = nccl_type(buf.dtype);
   const size_t esize = via_bf16 ? 2 : dtype_size(buf.dtype);
@@ -288,16 +290,16 @@ CommHandle NcclCommunicator::reduce_scatter_sum(BufferView buf,
   if (via_bf16)
     cuda::bf16_to_f32(static_cast<char*>(m.staging) + offset * 2, buf.as<float>() + offset, mine,
                       m.stream);
-  return m.end();
+  return m.end_collective();
 }
 
 CommHandle NcclCommunicator::gather_copies(BufferView buf) {
   Impl& m = *impl_;
   TRAINER_CHECK(m.peer_copies && m.peer_copies->covers(buf),
                 "gather_copies of a buffer set up without peer copies");
-  m.begin(describe("gather_copies", buf) + " by copy engines");
+  m.begin_collective(describe("gather_copies", buf) + " by copy engines");
   m.peer_copies->gather_copies(buf, m.compute, m.stream);
-  return m.end();
+  return m.end_collective();
 }
 
 BufferView NcclCommunicator::copy_of(int r) const {
@@ -312,11 +314,11 @@ CommHandle NcclCommunicator::all_gather(BufferView buf, const std::vector<Range>
   int64_t gathered = 0;
   for (const Range& r : segments) gathered += r.size();
   if (m.peer_gather && m.peer_gather->covers(buf)) {
-    m.begin(describe("all_gather", buf.slice(0, gathered)) + " by copy engines");
+    m.begin_collective(describe("all_gather", buf.slice(0, gathered)) + " by copy engines");
     m.peer_gather->gather(buf, segments, m.compute, m.stream);
-    return m.end();
+    return m.end_collective();
   }
-  m.begin(describe("all_gather", buf.slice(0, gathered)));
+  m.begin_collective(describe("all_gather", buf.slice(0, gathered)));
   const size_t esize = dtype_size(buf.dtype);
   char* base = static_cast<char*>(buf.data);
   // ncclAllGather wants equal pieces laid side by side in rank order; anything else (ZeRO-1's
@@ -344,16 +346,16 @@ CommHandle NcclCommunicator::all_gather(BufferView buf, const std::vector<Range>
     }
     NCCL_CHECK(ncclGroupEnd(), "group end");
   }
-  return m.end();
+  return m.end_collective();
 }
 
 CommHandle NcclCommunicator::broadcast(BufferView buf, int root) {
   Impl& m = *impl_;
-  m.begin(describe("broadcast", buf));
+  m.begin_collective(describe("broadcast", buf));
   NCCL_CHECK(
       ncclBroadcast(buf.data, buf.data, buf.count, nccl_type(buf.dtype), root, m.comm, m.stream),
       "broadcast");
-  return m.end();
+  return m.end_collective();
 }
 
 void NcclCommunicator::barrier() {

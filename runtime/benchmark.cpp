@@ -1,0 +1,109 @@
+// --benchmark: warm-up and timed steps on synthetic tokens (forward, forward+backward, or the whole
+// training step), the summary of the slowest rank's phase times, and one --csv row per run.
+#include <algorithm>
+#include <ctime>
+
+#include "core/log.h"
+#include "runtime/csv.h"
+#include "runtime/run.h"
+
+namespace trainer {
+
+const char* const kCsvHeader =
+    "time,model,d_model,d_ff,layers,heads,vocab,ctx,batch,grad_accum,world,device,precision,attn,"
+    "ddp,bucket_mb,shard_optim,mode,warmup,steps,forward_ms,forward_std,backward_ms,backward_std,"
+    "comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,step_median_ms,tokens_per_s,mfu,"
+    "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,hosts";
+
+void Run::benchmark(TrainResult& result) {
+  const bool backward = o_.bench_mode != "forward";
+  const bool step = o_.bench_mode == "train";
+  const int64_t warm = o_.warmup, n = o_.steps;
+  std::vector<PhaseTimes> mine;
+  std::vector<double> wall;  // host ms from one step's launch to the next's (timed steps)
+  auto launched = Clock::now();
+  for (int64_t s = 0; s < warm + n; ++s) {
+    if (s > warm) wall.push_back(ms_since(launched));
+    launched = Clock::now();
+    timer_->begin(Phase::kStep);
+    if (backward) replica_->zero_grads();
+    forward_backward(s, backward, /*reduce=*/backward);
+    double norm = 0;
+    if (step)
+      optimizer_step(s % o_.steps, norm);
+    else if (backward)
+      await_grads(flat_);
+    timer_->end(Phase::kStep);
+    replica_->take_loss();
+    PhaseTimes t = collect_times(s, s + 1 == warm + n);
+    if (s >= warm) mine.push_back(t);
+  }
+  wall.push_back(ms_since(launched));
+  const int64_t mem = memory_in_use(device_);
+  // Per-rank times to rank 0.
+  std::vector<std::vector<PhaseTimes>> all(n);
+  for (int64_t s = 0; s < n; ++s) all[s] = gather_times(mine[s]);
+  const double max_mem = world_.max(static_cast<double>(mem));
+  if (rank_ != 0) return;
+  result.rank_times = all;
+  auto stat = [&](Phase p) {
+    std::vector<double> xs;
+    for (const auto& ranks : all) {
+      double worst = 0;
+      for (const auto& t : ranks) worst = std::max(worst, t[static_cast<int>(p)]);
+      xs.push_back(worst);
+    }
+    return xs;
+  };
+  const auto steps_ms = stat(Phase::kStep);
+  const MeanStd st = mean_std(steps_ms), fw = mean_std(stat(Phase::kForward)),
+                bw = mean_std(stat(Phase::kBackward)), cm = mean_std(stat(Phase::kComm)),
+                op = mean_std(stat(Phase::kOptimizer));
+  // Rank 0's collectives on its comm stream, hidden or not.
+  std::vector<double> comm_total;
+  for (const auto& ranks : all) comm_total.push_back(ranks[0][kCommTotal]);
+  const MeanStd tc = mean_std(comm_total);
+  const double med = median(steps_ms);
+  const double tokens = static_cast<double>(G_ * o_.config.ctx);
+  const double tok_s = tokens / (med / 1e3);
+  const double peak = peak_tflops_;
+  const double flops_factor = o_.bench_mode == "forward" ? 1.0 / 3.0 : 1.0;
+  const double mfu = peak > 0 ? tok_s * flops_factor * flops_per_token(o_.config, o_.config.ctx) /
+                                    (nranks_ * peak * 1e12)
+                              : 0;
+  spdlog::info("benchmark --mode {} | {} warm-up + {} timed steps | {} rank(s)", o_.bench_mode,
+               warm, n, nranks_);
+  spdlog::info("  forward   {:8.3f} ± {:.3f} ms", fw.mean, fw.std);
+  if (backward) spdlog::info("  backward  {:8.3f} ± {:.3f} ms", bw.mean, bw.std);
+  if (backward && nranks_ > 1) {
+    spdlog::info(
+        "  comm      {:8.3f} ± {:.3f} ms exposed (rank 0's collectives ran {:.3f} ms in all)",
+        cm.mean, cm.std, tc.mean);
+  }
+  if (step) spdlog::info("  optimizer {:8.3f} ± {:.3f} ms", op.mean, op.std);
+  spdlog::info(
+      "  step      {:8.3f} ± {:.3f} ms (median {:.3f}) | {:.0f} tok/s{} | peak memory {:.2f} GiB",
+      st.mean, st.std, med, tok_s, peak > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "",
+      max_mem / 1073741824.0);
+  // The step above is CUDA events from the step's first to its last kernel; between steps the
+  // host reads the loss and the timings. Wall clock per step counts that too.
+  spdlog::info("  wall      {:8.3f} ms per step, median (rank 0's host clock, launch to launch)",
+               median(wall));
+  report_timing(all, 0);
+  if (!o_.csv.empty()) {
+    const ModelConfig& c = o_.config;
+    const std::string row = fmt::format(
+        "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
+        "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{},"
+        "{}\n",
+        std::time(nullptr), o_.model, c.d_model, c.d_ff, c.n_layers, c.n_heads, c.vocab, c.ctx,
+        o_.batch, o_.grad_accum, nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu",
+        precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
+        o_.bench_mode, warm, n, fw.mean, fw.std, bw.mean, bw.std, cm.mean, cm.std, op.mean, op.std,
+        st.mean, st.std, med, tok_s, mfu, max_mem / 1073741824.0, o_.grad_reduce, o_.grad_transport,
+        o_.comm_sms, tc.mean, nccl_env_field(), host_count(places_));
+    append_csv_row(o_.csv, kCsvHeader, row);
+  }
+}
+
+}  // namespace trainer

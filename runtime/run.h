@@ -1,0 +1,190 @@
+// One rank's training run: what it holds, and the phases of its steps. Internal to runtime/; the
+// member functions live by topic:
+//   run_setup.cpp   checks of every input on all ranks, buffers, communicators, initial state
+//   run_step.cpp    one step: forward/backward with the gradient collectives, the waits, AdamW
+//   run_output.cpp  metrics.jsonl, the per-rank report, checkpoints, the --trace file
+//   benchmark.cpp   --benchmark: timed steps, the summary and its --csv row
+//   trainer.cpp     the training loop and the early-stop vote
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/grad_sync.h"
+#ifdef TRAINER_WITH_CUDA
+#include "comm/nccl_communicator.h"
+#endif
+#include "model/replica.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+#include "runtime/checkpoint.h"
+#include "runtime/data.h"
+#include "runtime/placement.h"
+#include "runtime/stop_signal.h"
+#include "runtime/trainer.h"
+
+namespace trainer {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+inline double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+inline BufferView host_view(std::vector<float>& v) {
+  return BufferView{v.data(), static_cast<int64_t>(v.size()), DType::kF32, DeviceKind::kCpu};
+}
+
+const char* precision_name(Precision p);
+
+// Beside signal numbers in the ranks' stop vote.
+constexpr int64_t kTimeLimitStop = 1000;
+
+// Columns of a --csv benchmark row (one per run; launch/bench_table.py reads them by name).
+extern const char* const kCsvHeader;
+
+// Where a resumed run sets aside the lines the interrupted run logged after its checkpoint.
+constexpr const char* kSupersededMetrics = "metrics_superseded.jsonl";
+
+// A run resumed at `step` into `out` continues its metrics.jsonl (run_output.cpp).
+void continue_metrics(const std::string& out, int64_t step);
+
+// Everything one rank holds for a run.
+class Run {
+ public:
+  Run(const Options& o, MpiCommunicator& world) : o_(o), world_(world), layout_(o.config) {}
+  TrainResult execute(bool keep_params);
+
+ private:
+  // run_setup.cpp
+  // Checks every input on all ranks, then builds the buffers, communicators and optimizer.
+  void setup();
+  // The checks that can fail on bad input, on every rank, before any compute (and where every
+  // rank runs, and which checkpoint --resume latest means); returns this rank's GPU index.
+  int check_inputs();
+  // --out: warns of what interrupted saves left; --overwrite deletes the previous run.
+  void prepare_out();
+  // The replica, the communicator of the gradients, the optimizer and the gradient synchroniser.
+  void build(int gpu);
+  // What this run holds, printed once by rank 0 (a collective: every rank calls it).
+  void log_run();
+  // The initial parameters (fresh, --init-from or --resume), the same on every rank.
+  void init_state();
+
+  // run_step.cpp
+  double train_step(int64_t s, PhaseTimes& times, double& grad_norm);
+  void forward_backward(int64_t step, bool backward, bool reduce);
+  // Makes the parameters at offsets >= `from` current: waits for the ZeRO-1 all-gathers still
+  // writing any of them. Inside forward the wait is timed as exposed communication.
+  void await_params(int64_t from, bool in_forward);
+  // Waits, timed as exposed communication, for the gradient collectives of the units that begin
+  // before flat element `end`; launches any that backward left.
+  void await_grads(int64_t end);
+  // Waits for the gradients (all of them) and applies AdamW to the owned range.
+  void optimizer_step(int64_t s, double& grad_norm);
+  // The step's phase times and collectives (for the report and --trace). After the last step it
+  // first waits for the collectives still running, so that the trace has all of them.
+  PhaseTimes collect_times(int64_t s, bool last);
+  double evaluate();
+
+  // run_output.cpp
+  // Opens --out's metrics.jsonl (continued after a resume); rank 0 only.
+  void open_metrics();
+  // Flushes metrics.jsonl; a failed write (a full disk) stops the run rather than lose metrics.
+  void check_metrics_written();
+  // `wall_ms`: rank 0's host time for the step, from its launch until every rank's times arrived
+  // (the CUDA-event step time leaves out the host's work between steps).
+  void log_step(int64_t s, double loss, double norm, const std::vector<PhaseTimes>& ranks,
+                double wall_ms);
+  void report_timing(const std::vector<std::vector<PhaseTimes>>& rank_times, int64_t skip);
+  // The run's settings as a checkpoint records them (global batch, ctx, sampler, seed, ...).
+  json run_settings() const;
+  // A checkpoint source for a state of the owned range (gathered to rank 0 with ZeRO-1).
+  TensorSource state_source(BufferView owned);
+  void save(int64_t step_done, bool final);
+  void write_trace();
+
+  // benchmark.cpp
+  void benchmark(TrainResult& result);
+
+  // trainer.cpp
+  // The training loop, from start_step_ to --steps or an early stop.
+  void train(TrainResult& result, Clock::time_point started);
+  // --debug-die-at-step / --debug-stall-at-step: this rank fails before step `s` (failure tests).
+  void inject_failure(int64_t s);
+  // --debug-step-ms: the step lasts at least that long (tests of --time-limit and signals).
+  void pace_step(Clock::time_point launched);
+  // The validation loss after step `s`, logged and written to metrics.jsonl.
+  double validate(int64_t s);
+  // Runs `write` on rank 0. With --out, every rank learns of a failure there (a full disk) and
+  // stops with rank 0's message.
+  template <class F>
+  void on_rank0(F&& write) {
+    if (!o_.out.empty())
+      agree_on_usage_errors(world_, [&] {
+        if (rank_ == 0) write();
+      });
+    else if (rank_ == 0)
+      write();
+  }
+  // Every rank's phase times of one step, on rank 0 (rows in rank order; empty elsewhere).
+  std::vector<PhaseTimes> gather_times(const PhaseTimes& mine);
+  // After a step: the ranks' vote to stop early, 0 to go on, else a signal number or
+  // kTimeLimitStop; a collective. And rank 0's message once they have.
+  int64_t vote_to_stop(const StopSignals& signals, Clock::time_point started,
+                       Clock::time_point step_launched);
+  void log_stop(int64_t stop, int64_t step_done, Clock::time_point started);
+
+  const Options& o_;
+  MpiCommunicator& world_;
+  ParamLayout layout_;
+  int rank_ = 0, nranks_ = 1;
+  DeviceKind device_ = DeviceKind::kCpu;
+  Precision precision_ = Precision::kFp32;
+  std::string gpu_name_;           // this rank's GPU ("" on the CPU)
+  std::vector<RankPlace> places_;  // every rank's host, local rank and GPU (rank 0 only)
+  double peak_tflops_ = 0;         // per device, for MFU (0: not reported)
+  int64_t flat_ = 0, G_ = 0;
+  std::unique_ptr<Replica> replica_;
+#ifdef TRAINER_WITH_CUDA
+  std::unique_ptr<NcclCommunicator> nccl_;
+#endif
+  Communicator* grad_comm_ = nullptr;
+  std::optional<ShardPlan> shards_;
+  Range owned_;
+  std::vector<Range> update_parts_;  // of owned_, relative to its start
+  // --grad-transport ce --grad-reduce bf16 on several GPUs: the ranks exchange their bf16
+  // gradients whole and the update adds every rank's copy (GradTerms) instead of an all-reduce.
+  bool grad_copies_ = false;
+  // ZeRO-1 all-gathers launched by the last update and not yet waited for, with the end of the
+  // highest range each writes: the next forward waits for each only when it gets there.
+  struct PendingGather {
+    int64_t end;
+    CommHandle handle;
+  };
+  std::vector<PendingGather> gathers_;
+  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<GradSync> sync_;
+  std::unique_ptr<StepTimer> timer_;
+  std::optional<TokenStream> train_, val_;
+  Sampler sampler_;
+  LrSchedule schedule_;
+  std::vector<int32_t> inputs_, targets_;
+  int64_t start_step_ = 0;
+  // The checkpoint to resume from: --resume, or with --resume latest the newest in --out ("" when
+  // there is none yet: a fresh start).
+  std::string resume_;
+  bool resume_latest_ = false;
+  bool already_done_ = false;  // --resume latest found a checkpoint at --steps or later
+  std::ofstream metrics_;
+  std::vector<std::string> trace_;  // Chrome-trace events of this rank (JSON objects)
+};
+
+}  // namespace trainer

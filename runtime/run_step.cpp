@@ -1,0 +1,192 @@
+// One training step on one rank: forward and backward over the micro-batches, with the gradient
+// collectives launched as buckets become ready; the waits for them (timed as exposed
+// communication); the gradient norm and AdamW on the owned range, with ZeRO-1's parameter
+// all-gathers sent part by part and awaited by the next forward.
+#include <algorithm>
+#include <cmath>
+#ifdef TRAINER_WITH_CUDA
+#include <nvtx3/nvToolsExt.h>
+#endif
+
+#include "runtime/run.h"
+
+namespace trainer {
+
+double Run::train_step(int64_t s, PhaseTimes& times, double& grad_norm) {
+  timer_->begin(Phase::kStep);
+  replica_->zero_grads();
+  forward_backward(s, /*backward=*/true, /*reduce=*/true);
+  optimizer_step(s, grad_norm);
+  timer_->end(Phase::kStep);
+  const double loss = world_.sum(replica_->take_loss()) / nranks_;
+  times = collect_times(s, s + 1 == o_.steps);
+  return loss;
+}
+
+void Run::forward_backward(int64_t step, bool backward, bool reduce) {
+  const int64_t T = o_.config.ctx;
+  const int64_t rows_per_rank = o_.batch * o_.grad_accum;
+  const float scale = 1.0f / static_cast<float>(G_ * T);  // d(mean over G*T tokens)/d(token loss)
+  for (int64_t k = 0; k < o_.grad_accum; ++k) {
+    {
+      PhaseScope p(*timer_, Phase::kData);
+      if (train_) {
+        fill_rows(*train_, sampler_, step, rank_ * rows_per_rank + k * o_.batch, o_.batch,
+                  inputs_.data(), targets_.data());
+      } else {  // --benchmark: synthetic tokens, a pure function of (seed, step, rank, k)
+        uint64_t x = o_.seed ^ (static_cast<uint64_t>(step) << 20) ^ (rank_ * 7919 + k);
+        for (size_t i = 0; i < inputs_.size(); ++i) {
+          x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+          inputs_[i] = static_cast<int32_t>((x >> 33) % o_.config.vocab);
+          targets_[i] = static_cast<int32_t>((x >> 13) % o_.config.vocab);
+        }
+      }
+    }
+    const MicroBatch mb{inputs_.data(), targets_.data(), o_.batch, T};
+    {
+      PhaseScope p(*timer_, Phase::kForward);
+      replica_->forward(mb, [this](int64_t offset) { await_params(offset, true); });
+    }
+    if (!backward) continue;
+    PhaseScope p(*timer_, Phase::kBackward);
+    sync_->begin_backward(reduce && k == o_.grad_accum - 1);
+    replica_->backward(scale, [this](int i) { sync_->on_ready(i); });
+  }
+}
+
+void Run::await_params(int64_t from, bool in_forward) {
+  std::vector<CommHandle> due;
+  for (auto it = gathers_.begin(); it != gathers_.end();) {
+    if (it->end > from) {
+      due.push_back(std::move(it->handle));
+      it = gathers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!due.empty()) {
+    if (!in_forward) return wait_all(due);
+    timer_->end(Phase::kForward);
+    {
+      PhaseScope p(*timer_, Phase::kComm);
+      wait_all(due);
+    }
+    timer_->begin(Phase::kForward);
+  }
+  if (!gathers_.empty()) grad_comm_->progress();  // MPI moves data only inside MPI calls
+}
+
+void Run::await_grads(int64_t end) {
+  PhaseScope p(*timer_, Phase::kComm);
+  sync_->finish_before(end);
+}
+
+void Run::optimizer_step(int64_t s, double& grad_norm) {
+  await_params(0, false);  // normally done: forward reads every parameter
+  // The averaged gradient of the owned range: the reduced buffer, or every rank's bf16 copy.
+  GradTerms grads{replica_->grads().slice(owned_.begin, owned_.size())};
+#ifdef TRAINER_WITH_CUDA
+  if (grad_copies_) {
+    grads.clear();
+    for (int r = 0; r < nranks_; ++r)
+      grads.push_back(nccl_->copy_of(r).slice(owned_.begin, owned_.size()));
+  }
+#endif
+  auto part_of = [&](const Range& part) {
+    GradTerms t;
+    for (const BufferView& g : grads) t.push_back(g.slice(part.begin, part.size()));
+    return t;
+  };
+  BufferView params = replica_->params().slice(owned_.begin, owned_.size());
+  const bool gather = shards_ && nranks_ > 1;
+  // The last unit's collective (the embedding's, which backward finalises last) still runs while
+  // the norm of everything before it is computed.
+  const int64_t last = sync_->units().empty() ? flat_ : sync_->units().back().range.begin;
+  const int64_t split = std::clamp(last, owned_.begin, owned_.end) - owned_.begin;
+  await_grads(last);
+  {
+    PhaseScope p(*timer_, Phase::kOptimizer);
+#ifdef TRAINER_WITH_CUDA
+    nvtxRangePushA("optimizer");  // so nsys timelines show the step like the code reads
+#endif
+    // Global norm of the averaged gradient: each rank holds the whole of it, or (ZeRO-1) its shard.
+    double sq = sum_squares(part_of({0, split}), replica_->stream());
+    timer_->end(Phase::kOptimizer);
+    await_grads(flat_);
+    timer_->begin(Phase::kOptimizer);
+    sq += sum_squares(part_of({split, owned_.size()}), replica_->stream());
+    if (gather) sq = world_.sum(sq);
+    grad_norm = std::sqrt(sq);
+    const float clip = clip_scale(grad_norm, o_.clip);
+    // ZeRO-1: part k of every rank's slice is all-gathered while part k+1 is updated, and the
+    // next forward waits for a part only when it reaches it. Parts run from the end of the slices
+    // to their start, the order forward reads the buffer (the embedding is last in it).
+    for (auto part = update_parts_.rbegin(); part != update_parts_.rend(); ++part) {
+      opt_->step_part(*part, part_of(*part), params.slice(part->begin, part->size()),
+                      schedule_.at(s), s + 1, clip, replica_->stream());
+      if (!gather) continue;
+      std::vector<Range> segments;
+      int64_t end = 0;
+      for (int r = 0; r < nranks_; ++r) {
+        segments.push_back(
+            {shards_->shard(r).begin + part->begin, shards_->shard(r).begin + part->end});
+        end = std::max(end, segments.back().end);
+      }
+      gathers_.push_back({end, grad_comm_->all_gather(replica_->params(), segments)});
+    }
+#ifdef TRAINER_WITH_CUDA
+    nvtxRangePop();
+#endif
+  }
+}
+
+PhaseTimes Run::collect_times(int64_t s, bool last) {
+  PhaseTimes times = timer_->collect();
+  if (last) {
+    await_params(0, false);
+    replica_->synchronize();
+  }
+  std::vector<std::pair<std::string, std::pair<double, double>>> collectives;
+#ifdef TRAINER_WITH_CUDA
+  if (nccl_)
+    for (const CollectiveRecord& r : nccl_->take_records()) {
+      times[kCommTotal] += r.end_ms - r.start_ms;
+      collectives.push_back({r.name, {r.start_ms, r.end_ms}});
+    }
+#endif
+  if (!o_.trace.empty()) {
+    // One process per rank, one track per stream (tid 0 compute, 1 communication).
+    auto event = [&](const std::string& name, int tid, double a, double b) {
+      trace_.push_back(json{{"name", name},
+                            {"ph", "X"},
+                            {"pid", rank_},
+                            {"tid", tid},
+                            {"ts", a * 1e3},
+                            {"dur", (b - a) * 1e3},
+                            {"args", {{"step", s + 1}}}}
+                           .dump());
+    };
+    for (const PhaseInterval& iv : timer_->intervals())
+      if (iv.phase != Phase::kStep) event(phase_name(iv.phase), 0, iv.start_ms, iv.end_ms);
+    for (const auto& [name, t] : collectives) event(name, 1, t.first, t.second);
+  }
+  return times;
+}
+
+double Run::evaluate() {
+  await_params(0, false);
+  const int64_t T = o_.config.ctx;
+  const Sampler vs{SamplerKind::kSequential, o_.seed, val_->size(), T, G_};
+  const int64_t rows_per_rank = o_.batch * o_.grad_accum;
+  double sum = 0;
+  for (int64_t e = 0; e < o_.eval_batches; ++e) {
+    for (int64_t k = 0; k < o_.grad_accum; ++k) {
+      fill_rows(*val_, vs, e, rank_ * rows_per_rank + k * o_.batch, o_.batch, inputs_.data(),
+                targets_.data());
+      sum += replica_->evaluate({inputs_.data(), targets_.data(), o_.batch, T});
+    }
+  }
+  return world_.sum(sum) / static_cast<double>(nranks_ * o_.eval_batches * o_.grad_accum);
+}
+
+}  // namespace trainer
