@@ -1,3 +1,6 @@
+// A rank's run from the top: execute() sets up, then trains (or benchmarks); the training loop and
+// what happens between steps (validation, the stop vote, checkpoints) read here; the pieces they
+// call are in run_setup.cpp, run_step.cpp, run_output.cpp and benchmark.cpp (see run.h).
 #include "runtime/trainer.h"
 
 #include <cmath>
