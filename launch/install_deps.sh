@@ -17,10 +17,12 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 fi
 # NumPy and safetensors for the cross-check against an independent NumPy model (the test reports
 # "skipped" without them); matplotlib for the plots of benchmark sweeps (the cluster sweep test
-# renders one). From PyPI, so that all three agree on one NumPy.
-if ! python3 -c "import numpy, safetensors, matplotlib" 2>/dev/null; then
-  py=(numpy safetensors matplotlib)
+# renders one); tokenizers for launch/prepare_text.py (BPE tokenizers and token shards; its test
+# is skipped without it). From PyPI, so that all of them agree on one NumPy.
+if ! python3 -c "import numpy, safetensors, matplotlib, tokenizers" 2>/dev/null; then
+  py=(numpy safetensors matplotlib tokenizers)
   python3 -m pip install --quiet "${py[@]}" 2>/dev/null ||
     python3 -m pip install --quiet --break-system-packages "${py[@]}" 2>/dev/null ||
-    echo "note: could not pip-install ${py[*]}; the NumPy cross-check is skipped, plots fail"
+    echo "note: could not pip-install ${py[*]}; the NumPy cross-check and prepare_text are" \
+      "skipped, plots fail"
 fi

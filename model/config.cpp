@@ -42,8 +42,9 @@ ModelConfig preset(const std::string& name) {
 
 void validate(const ModelConfig& c) {
   if (c.vocab <= 0) usage_error("--vocab must be positive (got {})", c.vocab);
-  if (c.vocab > 65536)
-    usage_error("--vocab {} exceeds 65536: token files hold uint16 ids", c.vocab);
+  // Token ids travel as int32 and the CUDA loss kernel indexes a row of logits with int.
+  if (c.vocab >= (int64_t{1} << 30))
+    usage_error("--vocab {} is too large: at most 2^30 - 1 = {}", c.vocab, (int64_t{1} << 30) - 1);
   if (c.d_model <= 0) usage_error("--d-model must be positive (got {})", c.d_model);
   if (c.d_ff <= 0) usage_error("--d-ff must be positive (got {})", c.d_ff);
   if (c.n_layers <= 0) usage_error("--layers must be positive (got {})", c.n_layers);

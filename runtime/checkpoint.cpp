@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -189,8 +191,218 @@ void load_model_from(const SafetensorsReader& r, const ParamLayout& L, const Mod
 
 }  // namespace
 
+std::string hf_tensor_name(const std::string& name) {
+  static const std::map<std::string, std::string, std::less<>> kTop = {
+      {"token_embeddings.weight", "model.embed_tokens.weight"},
+      {"ln_final.weight", "model.norm.weight"},
+      {"lm_head.weight", "lm_head.weight"}};
+  static const std::map<std::string, std::string, std::less<>> kLayer = {
+      {"attn.q_proj.weight", "self_attn.q_proj.weight"},
+      {"attn.k_proj.weight", "self_attn.k_proj.weight"},
+      {"attn.v_proj.weight", "self_attn.v_proj.weight"},
+      {"attn.output_proj.weight", "self_attn.o_proj.weight"},
+      {"ffn.w1.weight", "mlp.gate_proj.weight"},
+      {"ffn.w3.weight", "mlp.up_proj.weight"},
+      {"ffn.w2.weight", "mlp.down_proj.weight"},
+      {"ln1.weight", "input_layernorm.weight"},
+      {"ln2.weight", "post_attention_layernorm.weight"}};
+  if (auto it = kTop.find(name); it != kTop.end()) return it->second;
+  if (name.starts_with("layers.")) {  // layers.<i>.<part>
+    const std::string_view rest = std::string_view(name).substr(7);
+    const size_t dot = rest.find('.');
+    if (dot != std::string_view::npos && parse_decimal(rest.substr(0, dot), uint64_t{1} << 31))
+      if (auto it = kLayer.find(rest.substr(dot + 1)); it != kLayer.end())
+        return fmt::format("model.layers.{}.{}", rest.substr(0, dot), it->second);
+  }
+  runtime_error("no Hugging Face name for tensor '{}'", name);
+}
+
+void rope_rows_from_hf(const float* hf, float* ours, int64_t rows, int64_t cols, int64_t heads) {
+  const int64_t dh = rows / heads, half = dh / 2;
+  TRAINER_CHECK(dh * heads == rows && dh % 2 == 0, "{} rows in {} heads", rows, heads);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t j = 0; j < half; ++j)
+      for (int64_t p = 0; p < 2; ++p)
+        std::copy_n(hf + (h * dh + p * half + j) * cols, cols, ours + (h * dh + 2 * j + p) * cols);
+}
+
+namespace {
+
+// Checks a Hugging Face config.json against this model (see load_model); returns
+// tie_word_embeddings.
+bool check_hf_config(const std::string& path, const ModelConfig& expected) {
+  std::ifstream in(path);
+  if (!in) usage_error("cannot read {}: {}", path, std::strerror(errno));
+  const nlohmann::json c = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (c.is_discarded() || !c.is_object()) usage_error("{} is not a JSON object", path);
+  auto has = [&](const char* key) { return c.contains(key) && !c[key].is_null(); };
+  auto integer = [&](const char* key) -> int64_t {
+    if (!has(key)) usage_error("{} has no '{}'", path, key);
+    if (!c[key].is_number_integer())
+      usage_error("{}: '{}' is {}, not an integer", path, key, c[key].dump());
+    return c[key].get<int64_t>();
+  };
+  auto number = [&](const nlohmann::json& v, const char* key, double fallback) -> double {
+    if (v.is_null()) return fallback;
+    if (!v.is_number()) usage_error("{}: '{}' is {}, not a number", path, key, v.dump());
+    return v.get<double>();
+  };
+
+  const nlohmann::json arch = c.value("architectures", nlohmann::json());
+  const bool llama_arch =
+      arch.is_array() && std::find(arch.begin(), arch.end(), "LlamaForCausalLM") != arch.end();
+  if (!arch.is_null() && !llama_arch)
+    usage_error("{}: architectures {} is not LlamaForCausalLM (only Llama models load)", path,
+                arch.dump());
+  if (arch.is_null() && c.value("model_type", nlohmann::json()) != "llama")
+    usage_error("{} names neither architectures [\"LlamaForCausalLM\"] nor model_type \"llama\"",
+                path);
+
+  const std::pair<const char*, std::pair<const char*, int64_t>> dims[] = {
+      {"vocab_size", {"--vocab", expected.vocab}},
+      {"hidden_size", {"--d-model", expected.d_model}},
+      {"intermediate_size", {"--d-ff", expected.d_ff}},
+      {"num_hidden_layers", {"--layers", expected.n_layers}},
+      {"num_attention_heads", {"--heads", expected.n_heads}}};
+  for (const auto& [key, flag] : dims)
+    if (const int64_t v = integer(key); v != flag.second)
+      usage_error("{} has {} {} but this run has {} {}", path, key, v, flag.first, flag.second);
+  if (has("num_key_value_heads") && integer("num_key_value_heads") != expected.n_heads)
+    usage_error(
+        "{} has num_key_value_heads {} but num_attention_heads {}: grouped-query attention is "
+        "not supported (this model has a key/value head per query head)",
+        path, integer("num_key_value_heads"), expected.n_heads);
+  if (has("head_dim") && integer("head_dim") != expected.head_dim())
+    usage_error("{} has head_dim {} but hidden_size / num_attention_heads is {}", path,
+                integer("head_dim"), expected.head_dim());
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    if (has(key) && c[key] != false)
+      usage_error("{} has {} {}: this model has no biases", path, key, c[key].dump());
+  for (const char* key : {"hidden_act", "hidden_activation"})
+    if (has(key) && c[key] != "silu" && c[key] != "swish")
+      usage_error("{} has {} {}: this model's SwiGLU uses silu", path, key, c[key].dump());
+  // Absent values mean Hugging Face's defaults (LlamaConfig: eps 1e-6, theta 10000).
+  const double eps = number(c.value("rms_norm_eps", nlohmann::json()), "rms_norm_eps", 1e-6);
+  if (std::fabs(eps - 1e-5) > 1e-5 * 1e-6)
+    usage_error("{} has rms_norm_eps {} but this model's RMSNorm uses eps 1e-5", path, eps);
+  // RoPE: rope_parameters (transformers 5) or rope_scaling (4.x) with the type, rope_theta in it
+  // or at the top level.
+  double theta = number(c.value("rope_theta", nlohmann::json()), "rope_theta", 10000.0);
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!has(key)) continue;
+    const nlohmann::json& r = c[key];
+    if (!r.is_object()) usage_error("{}: '{}' is {}, not an object", path, key, r.dump());
+    const nlohmann::json type = r.value("rope_type", r.value("type", nlohmann::json("default")));
+    if (type != "default")
+      usage_error("{} has {} of type {}: this model uses plain RoPE", path, key, type.dump());
+    if (r.contains("rope_theta")) theta = number(r["rope_theta"], "rope_theta", theta);
+  }
+  if (theta != 10000.0)
+    usage_error("{} has rope_theta {} but this model's RoPE uses theta 10000", path, theta);
+  const nlohmann::json tie = c.value("tie_word_embeddings", nlohmann::json(false));
+  if (!tie.is_boolean())
+    usage_error("{}: 'tie_word_embeddings' is {}, not a boolean", path, tie.dump());
+  return tie.get<bool>();
+}
+
+// The weights of a Hugging Face folder: model.safetensors, or the shards of
+// model.safetensors.index.json; each tensor name with the file that holds it.
+struct HfWeights {
+  std::deque<SafetensorsReader> files;  // SafetensorsReader is not copyable; a deque keeps refs
+  std::map<std::string, const SafetensorsReader*> where;
+};
+
+HfWeights open_hf_weights(const fs::path& dir) {
+  HfWeights w;
+  const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  std::vector<std::string> paths;
+  if (fs::exists(single)) {
+    paths.push_back(single.string());
+  } else if (fs::exists(index)) {
+    std::ifstream in(index);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      usage_error("{}: not a safetensors index (no 'weight_map' object)", index.string());
+    std::set<std::string> shards;
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+        usage_error("{}: tensor '{}' maps to {}, not a file name", index.string(), name,
+                    file.dump());
+      if (shards.insert(file.get<std::string>()).second)
+        paths.push_back((dir / file.get<std::string>()).string());
+    }
+  } else {
+    const bool bin =
+        fs::exists(dir / "pytorch_model.bin") || fs::exists(dir / "pytorch_model.bin.index.json");
+    usage_error("{} has no model.safetensors{}", dir.string(),
+                bin ? " (only PyTorch .bin weights, which are not read: save them with "
+                      "safe_serialization=True)"
+                    : " or model.safetensors.index.json");
+  }
+  for (const std::string& p : paths) {
+    w.files.push_back(SafetensorsReader::open(p));
+    for (const std::string& name : w.files.back().names())
+      if (!w.where.emplace(name, &w.files.back()).second)
+        usage_error("{}: tensor '{}' is in two files ({} and {})", dir.string(), name,
+                    w.where[name]->path(), p);
+  }
+  return w;
+}
+
+void load_hf_model(const fs::path& dir, const ParamLayout& L, const ModelConfig& expected,
+                   float* flat) {
+  const fs::path config = dir / "config.json";
+  if (!fs::exists(config))
+    usage_error(
+        "{} is a directory without config.json: not a Hugging Face model folder (for the "
+        "trainer's own weights pass the model.safetensors file)",
+        dir.string());
+  const bool tied = check_hf_config(config.string(), expected);
+  const HfWeights w = open_hf_weights(dir);
+
+  std::map<std::string, const ParamTensor*> ours;  // by Hugging Face name
+  for (const ParamTensor& t : L.tensors()) ours[hf_tensor_name(t.name)] = &t;
+  for (const auto& [name, file] : w.where) {
+    if (ours.count(name)) continue;
+    if (name.ends_with("rotary_emb.inv_freq")) continue;  // a buffer older versions saved
+    if (name.ends_with(".bias"))
+      usage_error("{} holds the bias '{}': this model has no biases", file->path(), name);
+    usage_error("{} holds tensor '{}', which this model does not have (a different model?)",
+                file->path(), name);
+  }
+  std::vector<float> buf;
+  for (const ParamTensor* t : L.spec_order()) {
+    const std::string name = hf_tensor_name(t->name);
+    const auto it = w.where.find(name);
+    if (it == w.where.end()) {
+      if (t->name == "lm_head.weight" && tied)
+        usage_error(
+            "{} ties lm_head to the embeddings (tie_word_embeddings) and has no lm_head.weight: "
+            "this model's head is untied",
+            dir.string());
+      usage_error("{} has no tensor '{}' (this model's {})", dir.string(), name, t->name);
+    }
+    const SafetensorsReader& r = *it->second;
+    if (r.info(name).shape != t->shape)
+      usage_error("{}: tensor '{}' has shape {} but this model's {} is {}", r.path(), name,
+                  shape_string(r.info(name).shape), t->name, shape_string(t->shape));
+    const bool rope =
+        t->name.ends_with("attn.q_proj.weight") || t->name.ends_with("attn.k_proj.weight");
+    if (!rope) {
+      r.read_as_f32(name, t->shape, flat + t->offset);
+      continue;
+    }
+    buf.resize(t->numel);
+    r.read_as_f32(name, t->shape, buf.data());
+    rope_rows_from_hf(buf.data(), flat + t->offset, t->shape[0], t->shape[1], expected.n_heads);
+  }
+}
+
+}  // namespace
+
 void load_model(const std::string& path, const ParamLayout& L, const ModelConfig& expected,
                 float* flat) {
+  if (fs::is_directory(path)) return load_hf_model(path, L, expected, flat);
   load_model_from(SafetensorsReader::open(path), L, expected, flat);
 }
 

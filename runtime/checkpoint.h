@@ -31,8 +31,31 @@ void save_model(const std::string& path, const ParamLayout& L, const float* flat
 // Reads model.safetensors into a flat fp32 buffer (padding left untouched). Missing or unknown
 // tensors, wrong shapes or dtypes, and a model config in the metadata that differs from
 // `expected` (our files carry one; PyTorch's do not) throw UsageError naming the file and tensor.
+//
+// A directory `path` is read as a Hugging Face LlamaForCausalLM folder (what
+// launch/export_hf.py writes): config.json, and model.safetensors or the shards that
+// model.safetensors.index.json lists, with F32, BF16, F16 or F64 tensors under the Hugging Face
+// names (hf_tensor_name). The config must describe this model: the dimensions of `expected`
+// (else the first differing field is named with both values), one key/value head per query
+// head, no biases, SiLU, untied embeddings (or an lm_head.weight), RMSNorm eps 1e-5 and plain
+// RoPE with theta 10000. The rows of q_proj and k_proj are permuted back from Hugging Face's
+// rotate-half RoPE pairs to SPEC.md's interleaved ones (see rope_rows_from_hf).
 void load_model(const std::string& path, const ParamLayout& L, const ModelConfig& expected,
                 float* flat);
+
+// The Hugging Face Llama name of a SPEC.md tensor: "token_embeddings.weight" ->
+// "model.embed_tokens.weight", "layers.3.ffn.w1.weight" -> "model.layers.3.mlp.gate_proj.weight"
+// (w1 = gate, w3 = up, w2 = down: SwiGLU's w2(silu(w1 x) * w3 x) is Llama's
+// down(silu(gate x) * up x)), "layers.3.ln1.weight" -> "model.layers.3.input_layernorm.weight",
+// "ln_final.weight" -> "model.norm.weight", "lm_head.weight" unchanged.
+std::string hf_tensor_name(const std::string& name);
+
+// Undoes launch/export_hf.py's permutation of q_proj / k_proj rows: SPEC.md's RoPE rotates the
+// pairs (x[2j], x[2j+1]) of each head, Hugging Face's rotate_half the pairs (x[j], x[j + dh/2]),
+// so the exporter stores our row h*dh + 2j + p at h*dh + p*dh/2 + j (p = 0, 1; j < dh/2). Here
+// ours[h*dh + 2j + p] = hf[h*dh + p*dh/2 + j], rows of `cols` elements, `heads` heads of
+// `rows / heads` rows.
+void rope_rows_from_hf(const float* hf, float* ours, int64_t rows, int64_t cols, int64_t heads);
 
 struct CheckpointMeta {
   int64_t step = 0;       // optimizer steps completed

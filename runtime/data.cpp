@@ -13,7 +13,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -321,14 +327,14 @@ TokenFile TokenFile::open(const std::string& path) {
             "token file '{}': its llm.c header says {} tokens ({} bytes with the header) but the "
             "file has {} bytes",
             path, count, kLlmcHeaderBytes + 2 * size_t{count}, size);
-      t.tokens_ = reinterpret_cast<const uint16_t*>(b + kLlmcHeaderBytes);
+      t.tokens_ = b + kLlmcHeaderBytes;
       t.n_ = count;
       return t;
     }
     if (size % 2 != 0)
       usage_error("token file '{}' has an odd size ({} bytes); a raw .bin holds uint16 tokens",
                   path, size);
-    t.tokens_ = reinterpret_cast<const uint16_t*>(b);  // mmap is page-aligned
+    t.tokens_ = b;  // mmap is page-aligned
     t.n_ = static_cast<int64_t>(size / 2);
     return t;
   }
@@ -365,8 +371,11 @@ TokenFile TokenFile::open(const std::string& path) {
                 !descr     ? "descr"
                 : !fortran ? "fortran_order"
                            : "shape");
-  if (descr->kind != PyValue::kStr || descr->str != "<u2")
-    usage_error("token file '{}' has dtype {} (need '<u2' = uint16)", path, descr->raw);
+  if (descr->kind != PyValue::kStr || (descr->str != "<u2" && descr->str != "<u4"))
+    usage_error("token file '{}' has dtype {} (need '<u2' = uint16 or '<u4' = uint32)", path,
+                descr->raw);
+  t.dtype_ = descr->str == "<u2" ? TokenDtype::kU16 : TokenDtype::kU32;
+  const size_t width = t.dtype_ == TokenDtype::kU16 ? 2 : 4;
   if (fortran->kind != PyValue::kBool)
     usage_error("token file '{}': fortran_order is {} (need False)", path, fortran->raw);
   if (fortran->boolean) usage_error("token file '{}' is in Fortran order (need C order)", path);
@@ -380,38 +389,69 @@ TokenFile TokenFile::open(const std::string& path) {
     usage_error("token file '{}' has shape {} (need a non-negative length)", path,
                 shape_text(shape->items));
 
+  // The mapping is page-aligned, so an aligned offset gives aligned ids (NumPy pads to 64).
   const size_t data_begin = header_begin + header_len;
-  if (data_begin % 2 != 0)
-    usage_error("token file '{}': the .npy header ends at odd byte {}, misaligning the uint16 data",
-                path, data_begin);
+  if (data_begin % width != 0)
+    usage_error("token file '{}': the .npy header ends at byte {}, misaligning the {} data", path,
+                data_begin, dtype_name(t.dtype_));
   const size_t follow = size - data_begin;
   const uint64_t n = static_cast<uint64_t>(dim.integer);
-  if (n > follow / 2)
+  if (n > follow / width)
     usage_error("token file '{}' is truncated: header says {} tokens but {} bytes follow", path, n,
                 follow);
-  if (follow != 2 * n)
+  if (follow != width * n)
     usage_error(
         "token file '{}' has {} bytes after its data (header says {} tokens, {} bytes follow)",
-        path, follow - 2 * n, n, follow);
-  t.tokens_ = reinterpret_cast<const uint16_t*>(b + data_begin);
+        path, follow - width * n, n, follow);
+  t.tokens_ = b + data_begin;
   t.n_ = static_cast<int64_t>(n);
   return t;
 }
 
+const char* dtype_name(TokenDtype dtype) { return dtype == TokenDtype::kU16 ? "uint16" : "uint32"; }
+
+namespace {
+
+// Every id of d[0, n) below vocab, or a UsageError naming the first one that is not.
+template <typename T>
+void check_ids(const T* d, int64_t n, int64_t vocab, const std::string& path) {
+  if (vocab > int64_t{std::numeric_limits<T>::max()}) return;  // every T fits
+  // A max-reduction vectorises; only a failing file pays for the second, sequential scan. uint16
+  // ids reduce in int, as they always have; uint32 ones in their own type.
+  using Max = std::conditional_t<sizeof(T) == 2, int, uint32_t>;
+  Max max_id = 0;
+#pragma omp parallel for reduction(max : max_id) schedule(static)
+  for (int64_t i = 0; i < n; ++i) max_id = std::max<Max>(max_id, d[i]);
+  if (int64_t{max_id} < vocab) return;
+  for (int64_t i = 0; i < n; ++i)
+    if (int64_t{d[i]} >= vocab)
+      usage_error("token file '{}' has token id {} at position {}, outside the vocabulary of {}",
+                  path, d[i], i, vocab);
+}
+
+}  // namespace
+
 void TokenFile::check_vocab(int64_t vocab) const {
   TRAINER_CHECK(vocab > 0, "vocab {} must be positive", vocab);
-  if (vocab > 65535) return;  // every uint16 fits
-  // A max-reduction vectorises; only a failing file pays for the second, sequential scan.
-  const uint16_t* d = tokens_;
-  const int64_t n = n_;
-  int max_id = 0;
-#pragma omp parallel for reduction(max : max_id) schedule(static)
-  for (int64_t i = 0; i < n; ++i) max_id = std::max<int>(max_id, d[i]);
-  if (max_id < vocab) return;
-  for (int64_t i = 0; i < n; ++i)
-    if (d[i] >= vocab)
-      usage_error("token file '{}' has token id {} at position {}, outside the vocabulary of {}",
-                  path(), d[i], i, vocab);
+  if (dtype_ == TokenDtype::kU16)
+    check_ids(u16(), n_, vocab, path());
+  else
+    check_ids(u32(), n_, vocab, path());
+}
+
+std::optional<int64_t> recorded_vocab_size(const std::string& token_path) {
+  std::filesystem::path dir = std::filesystem::path(token_path).parent_path();
+  const std::filesystem::path meta = (dir.empty() ? "." : dir) / "meta.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(meta, ec)) return std::nullopt;
+  std::ifstream in(meta, std::ios::binary);
+  const std::string text{std::istreambuf_iterator<char>(in), {}};
+  // allow_exceptions = false: a meta.json that is not JSON is someone else's, not an error.
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  const auto v = j.find("vocab_size");
+  if (v == j.end() || !v->is_number_integer()) return std::nullopt;
+  return v->get<int64_t>();
 }
 
 void TokenFile::check_length(int64_t ctx) const {
@@ -423,9 +463,13 @@ void TokenFile::check_length(int64_t ctx) const {
         path(), n_, ctx, ctx + 2);
 }
 
-void write_npy_u16(const std::string& path, const uint16_t* data, int64_t n) {
+namespace {
+
+void write_npy(const std::string& path, const char* descr, const void* data, size_t width,
+               int64_t n) {
   TRAINER_CHECK(n >= 0 && (n == 0 || data != nullptr), "bad token array ({} tokens)", n);
-  std::string dict = fmt::format("{{'descr': '<u2', 'fortran_order': False, 'shape': ({},), }}", n);
+  std::string dict =
+      fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({},), }}", descr, n);
   // Preamble (10 bytes) + dict + spaces + '\n' is a multiple of 64, as NumPy writes it.
   size_t total = (10 + dict.size() + 1 + 63) / 64 * 64;
   std::string header(total, ' ');
@@ -436,8 +480,17 @@ void write_npy_u16(const std::string& path, const uint16_t* data, int64_t n) {
   header[9] = static_cast<char>(hlen >> 8);
   std::memcpy(header.data() + 10, dict.data(), dict.size());
   header.back() = '\n';
-  write_file_atomic(
-      path, {{header.data(), header.size()}, {data, static_cast<size_t>(n) * sizeof(uint16_t)}});
+  write_file_atomic(path, {{header.data(), header.size()}, {data, static_cast<size_t>(n) * width}});
+}
+
+}  // namespace
+
+void write_npy_u16(const std::string& path, const uint16_t* data, int64_t n) {
+  write_npy(path, "<u2", data, sizeof(uint16_t), n);
+}
+
+void write_npy_u32(const std::string& path, const uint32_t* data, int64_t n) {
+  write_npy(path, "<u4", data, sizeof(uint32_t), n);
 }
 
 void write_token_file(const std::string& path, const uint16_t* data, int64_t n) {
@@ -519,6 +572,20 @@ TokenStream TokenStream::open(const std::string& spec) {
 }
 
 void TokenStream::check_vocab(int64_t vocab) const {
+  // The tokenizer's vocabulary first: a smaller --vocab is wrong even where the ids in these
+  // files happen to fit (the model could never predict the others). One look per directory.
+  std::set<std::filesystem::path> seen;
+  for (const TokenFile& f : files_) {
+    const std::filesystem::path dir = std::filesystem::path(f.path()).parent_path();
+    if (!seen.insert(dir).second) continue;
+    const std::optional<int64_t> recorded = recorded_vocab_size(f.path());
+    if (recorded && vocab < *recorded)
+      usage_error(
+          "--vocab {} is smaller than the vocabulary of the tokenizer that made token file '{}': "
+          "{} tokens (from '{}'); pass --vocab {} or more",
+          vocab, f.path(), *recorded, ((dir.empty() ? "." : dir) / "meta.json").string(),
+          *recorded);
+  }
   for (const TokenFile& f : files_) f.check_vocab(vocab);
 }
 
@@ -538,10 +605,17 @@ void TokenStream::read(int64_t offset, int64_t n, int32_t* out) const {
   // The file holding `offset`, then on across file boundaries.
   size_t f = std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin() - 1;
   while (n > 0) {
+    const TokenFile& file = files_[f];
     const int64_t local = offset - starts_[f];
-    const int64_t take = std::min(n, files_[f].size() - local);
-    const uint16_t* tok = files_[f].data() + local;
-    for (int64_t i = 0; i < take; ++i) out[i] = tok[i];
+    const int64_t take = std::min(n, file.size() - local);
+    if (file.dtype() == TokenDtype::kU16) {
+      const uint16_t* tok = file.u16() + local;
+      for (int64_t i = 0; i < take; ++i) out[i] = tok[i];
+    } else {
+      // Ids past INT32_MAX would wrap; check_vocab has refused them (vocab < 2^30).
+      const uint32_t* tok = file.u32() + local;
+      for (int64_t i = 0; i < take; ++i) out[i] = static_cast<int32_t>(tok[i]);
+    }
     out += take, offset += take, n -= take, ++f;
   }
 }

@@ -1,15 +1,17 @@
 // Token data: memory-mapped token files, the batch samplers of SPEC.md, and the small file
 // helpers (read-only maps, atomic writes) that checkpoints share.
 //
-// A token file is a flat array of uint16 token ids, either a NumPy `.npy` (dtype '<u2', 1-D, C
-// order) or a raw little-endian `.bin`. Row r of step s starts at token offset o(s, r); its input
-// is tokens[o : o+T] and its target tokens[o+1 : o+T+1]. Offsets depend only on (seed, s, r) and
-// the file, never on the world size, so a run resumed on a different number of ranks sees the same
-// batches.
+// A token file is a flat array of token ids: a NumPy `.npy` (1-D, C order) of dtype '<u2'
+// (uint16) or '<u4' (uint32, for vocabularies past 65536), or a raw little-endian uint16 `.bin`
+// (a raw file says nothing of its width, so uint32 ids need .npy). Row r of step s starts at token
+// offset o(s, r); its input is tokens[o : o+T] and its target tokens[o+1 : o+T+1]. Offsets depend
+// only on (seed, s, r) and the file, never on the world size, so a run resumed on a different
+// number of ranks sees the same batches.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,10 +77,15 @@ void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pie
 
 // ---- token files ----
 
+// The width of the ids in a token file.
+enum class TokenDtype { kU16, kU32 };
+const char* dtype_name(TokenDtype dtype);  // "uint16", "uint32"
+
 class TokenFile {
  public:
-  // `.npy` (any case) is parsed as NumPy; every other extension is raw little-endian uint16, or an
-  // llm.c token shard (a 1 KiB header: int32 magic 20240520, version 1, token count; then uint16).
+  // `.npy` (any case) is parsed as NumPy ('<u2' or '<u4'); every other extension is raw
+  // little-endian uint16, or an llm.c token shard (a 1 KiB header: int32 magic 20240520,
+  // version 1, token count; then uint16).
   static TokenFile open(const std::string& path);
 
   TokenFile(TokenFile&&) noexcept = default;
@@ -87,7 +94,15 @@ class TokenFile {
   TokenFile& operator=(const TokenFile&) = delete;
 
   int64_t size() const { return n_; }
-  const uint16_t* data() const { return tokens_; }
+  TokenDtype dtype() const { return dtype_; }
+  // The ids, in place in the mapping: u16() of a uint16 file, u32() of a uint32 one; the other
+  // width gives nullptr.
+  const uint16_t* u16() const {
+    return dtype_ == TokenDtype::kU16 ? static_cast<const uint16_t*>(tokens_) : nullptr;
+  }
+  const uint32_t* u32() const {
+    return dtype_ == TokenDtype::kU32 ? static_cast<const uint32_t*>(tokens_) : nullptr;
+  }
   const std::string& path() const { return file_.path(); }
 
   // Throws UsageError naming the file, the first position and the id if any id >= vocab.
@@ -98,9 +113,16 @@ class TokenFile {
  private:
   TokenFile() = default;
   MappedFile file_;
-  const uint16_t* tokens_ = nullptr;
+  const void* tokens_ = nullptr;
+  TokenDtype dtype_ = TokenDtype::kU16;
   int64_t n_ = 0;
 };
+
+// The vocabulary size recorded for a token file by launch/prepare_text.py: the integer
+// "vocab_size" of a `meta.json` in the file's directory (the largest id its tokenizer can give,
+// plus one). nullopt where there is no meta.json, or one that is not a JSON object with an
+// integer "vocab_size" (someone else's file).
+std::optional<int64_t> recorded_vocab_size(const std::string& token_path);
 
 // The training (or validation) tokens: one file, or several read as their concatenation in the
 // order given -- llm.c's shards, say. `spec` is a path, a comma-separated list of paths, or a glob
@@ -112,8 +134,11 @@ class TokenStream {
   int64_t size() const { return starts_.back(); }
   const std::string& spec() const { return spec_; }
   const std::vector<TokenFile>& files() const { return files_; }
-  // Every file's ids < vocab (the message names the file and position); enough tokens for ctx.
+  // vocab is at least the tokenizer's vocabulary where a file has one recorded beside it
+  // (recorded_vocab_size; the message names both sizes and the meta.json), and every file's
+  // ids < vocab (the message names the file and position).
   void check_vocab(int64_t vocab) const;
+  // Enough tokens for ctx.
   void check_length(int64_t ctx) const;
   // Tokens [offset, offset + n) of the concatenation, as int32, into out[n].
   void read(int64_t offset, int64_t n, int32_t* out) const;
@@ -124,8 +149,9 @@ class TokenStream {
   std::vector<int64_t> starts_{0};  // where each file begins in the concatenation; then the total
 };
 
-// Writes a NumPy 1.0 `.npy` of dtype '<u2' (header padded so the data starts at byte 64*k).
+// Writes a NumPy 1.0 `.npy` of dtype '<u2' / '<u4' (header padded: the data starts at byte 64*k).
 void write_npy_u16(const std::string& path, const uint16_t* data, int64_t n);
+void write_npy_u32(const std::string& path, const uint32_t* data, int64_t n);
 // The inverse of TokenFile::open: `.npy` by extension, raw little-endian `.bin` otherwise.
 void write_token_file(const std::string& path, const uint16_t* data, int64_t n);
 

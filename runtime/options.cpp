@@ -56,8 +56,8 @@ Options parse_options(int argc, char** argv) {
   (void)model;
 
   app.add_option("--data", o.data,
-                 "training tokens: uint16 .npy, raw .bin or llm.c shard; a comma-separated list "
-                 "or a glob pattern reads several files as one");
+                 "training tokens: uint16 or uint32 .npy, raw uint16 .bin or llm.c shard; a "
+                 "comma-separated list or a glob pattern reads several files as one");
   app.add_option("--val-data", o.val_data, "validation tokens (same formats)");
   app.add_option("--sampler", o.sampler, "random | sequential");
   app.add_option("--batch", o.batch, "sequences per rank per micro-step (B)");
@@ -74,7 +74,8 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--clip", o.clip, "global gradient-norm clip (0 = off)");
   std::string seed = std::to_string(o.seed);  // parsed below: CLI11 wraps "-1" into a uint64
   app.add_option("--seed", seed, "seed of the initialisation and the random sampler (0 to 2^64-1)");
-  app.add_option("--init-from", o.init_from, "start from these weights (model.safetensors)");
+  app.add_option("--init-from", o.init_from,
+                 "start from these weights (model.safetensors, or a Hugging Face Llama folder)");
   app.add_option("--time-limit", o.time_limit_min,
                  "minutes of wall clock after which training stops with a checkpoint, before a "
                  "step that would end past it (exit 124; 0: none)");
@@ -210,8 +211,7 @@ void validate_options(const Options& o) {
   if (o.bench_mode != "forward" && o.bench_mode != "forward-backward" && o.bench_mode != "train")
     usage_error("--mode '{}' is not forward, forward-backward or train", o.bench_mode);
   if (!o.benchmark && o.data.empty())
-    usage_error(
-        "--data is required (a uint16 .npy or .bin token file; see launch/prepare_data.sh)");
+    usage_error("--data is required (a .npy or .bin token file; see launch/prepare_text.py)");
   if (o.overwrite && !o.resume.empty())
     usage_error(
         "--overwrite and --resume exclude each other (--resume continues the run in --out)");

@@ -277,6 +277,53 @@ void SafetensorsReader::read_f32(const std::string& name,
   if (count > 0) std::memcpy(out, data_ + t.begin + first * 4, count * 4);
 }
 
+float bf16_to_f32(uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); }
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  int32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | mant << 13);  // inf, NaN
+  if (exp == 0) {
+    if (mant == 0) return std::bit_cast<float>(sign);  // +-0
+    // Subnormal, mant * 2^-24: normal in fp32's wider exponent range.
+    exp = 1;
+    while (!(mant & 0x400)) {
+      mant <<= 1;
+      --exp;
+    }
+    mant &= 0x3ff;
+  }
+  return std::bit_cast<float>(sign | uint32_t(exp + 127 - 15) << 23 | mant << 13);
+}
+
+void SafetensorsReader::read_as_f32(const std::string& name,
+                                    const std::vector<int64_t>& expected_shape, float* out) const {
+  const TensorInfo& t = info(name);
+  if (t.dtype == "F32") return read_f32(name, expected_shape, out);
+  if (t.dtype != "F64" && t.dtype != "BF16" && t.dtype != "F16")
+    usage_error("safetensors file '{}': tensor '{}' has dtype {} (need F32, BF16, F16 or F64)",
+                path(), name, t.dtype);
+  if (t.shape != expected_shape)
+    usage_error("safetensors file '{}': tensor '{}' has shape {}, expected {}", path(), name,
+                shape_string(t.shape), shape_string(expected_shape));
+  const uint8_t* p = data_ + t.begin;
+  const int64_t n = t.numel();
+  if (t.dtype == "F64") {
+    for (int64_t i = 0; i < n; ++i) {
+      double v;
+      std::memcpy(&v, p + 8 * i, 8);
+      out[i] = static_cast<float>(v);
+    }
+    return;
+  }
+  const bool bf16 = t.dtype == "BF16";
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t v = uint16_t(p[2 * i] | p[2 * i + 1] << 8);  // little-endian
+    out[i] = bf16 ? bf16_to_f32(v) : f16_to_f32(v);
+  }
+}
+
 const void* SafetensorsReader::raw(const std::string& name) const {
   return data_ + info(name).begin;
 }

@@ -70,6 +70,11 @@ class SafetensorsReader {
   // `count` >= 0, copies only elements [first, first + count) (the checks are the same).
   void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* out,
                 int64_t first = 0, int64_t count = -1) const;
+  // Like read_f32 (the whole tensor) for any floating-point dtype: F32, F64, BF16 and F16
+  // are converted to fp32 (F64 rounded to nearest; the 16-bit types exactly); any other
+  // dtype throws UsageError naming the file, the tensor and the dtype.
+  void read_as_f32(const std::string& name, const std::vector<int64_t>& expected_shape,
+                   float* out) const;
   // The tensor's bytes inside the mapping (valid while the reader lives). Alignment is whatever
   // the writer chose: copy with memcpy rather than casting for foreign files.
   const void* raw(const std::string& name) const;
@@ -130,6 +135,10 @@ class SafetensorsWriter {
   std::vector<ByteSpan> data_;
   std::map<std::string, std::string> metadata_;
 };
+
+// IEEE binary16 and bfloat16 bit patterns to fp32 (exact: every value of either is an fp32).
+float f16_to_f32(uint16_t h);
+float bf16_to_f32(uint16_t b);
 
 // Formats a shape as "[3, 4]" for messages.
 std::string shape_string(const std::vector<int64_t>& shape);

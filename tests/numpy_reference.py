@@ -7,7 +7,8 @@ the one the trainer reported.
     numpy_reference.py MODEL.safetensors VAL.npy --layers L --heads H --ctx T --rows G
                        --batches E --expect LOSS [--tol 1e-4]
 
-Exits 77 (skipped) when numpy or safetensors is not installed.
+Exits 77 (skipped) when numpy or safetensors is not installed. Other tests import it as a module
+for forward_logits, load_weights, sequential_batch and token_losses.
 """
 import argparse
 import sys
@@ -59,6 +60,34 @@ def forward(p, ids, layers, heads):
     return rmsnorm(x, p["ln_final.weight"]) @ p["lm_head.weight"].T
 
 
+def forward_logits(p, ids, layers, heads):
+    """The model's logits (B, T, vocab) for token ids (B, T), in float64: `p` maps SPEC.md's
+    names to arrays (load_weights). For other scripts that import this file as a module."""
+    return forward(p, np.asarray(ids), layers, heads)
+
+
+def load_weights(path):
+    """A model.safetensors by SPEC.md's names, as float64 arrays."""
+    return {k: v.astype(np.float64) for k, v in load_file(path).items()}
+
+
+def sequential_batch(tokens, ctx, rows, step):
+    """Inputs and targets (rows, ctx) of global batch `step` of the sequential sampler (SPEC.md),
+    which the trainer's validation passes use."""
+    N, T, G = len(tokens), ctx, rows
+    offs = [((step * G + r) * T) % (N - T - 1) for r in range(G)]
+    ids = np.stack([tokens[o:o + T] for o in offs])
+    tgt = np.stack([tokens[o + 1:o + T + 1] for o in offs])
+    return ids, tgt
+
+
+def token_losses(logits, tgt):
+    """-log_softmax(logits)[target] per position."""
+    m = logits.max(-1, keepdims=True)
+    lse = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[..., 0]
+    return lse - np.take_along_axis(logits, tgt[..., None], -1)[..., 0]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -68,18 +97,12 @@ def main():
     ap.add_argument("--expect", type=float, required=True)
     ap.add_argument("--tol", type=float, default=1e-4)
     a = ap.parse_args()
-    p = {k: v.astype(np.float64) for k, v in load_file(a.model).items()}
+    p = load_weights(a.model)
     tokens = np.load(a.val).astype(np.int64)
-    N, T, G = len(tokens), a.ctx, a.rows
     losses = []
     for s in range(a.batches):
-        offs = [((s * G + r) * T) % (N - T - 1) for r in range(G)]  # the sequential sampler
-        ids = np.stack([tokens[o:o + T] for o in offs])
-        tgt = np.stack([tokens[o + 1:o + T + 1] for o in offs])
-        logits = forward(p, ids, a.layers, a.heads)
-        m = logits.max(-1, keepdims=True)
-        lse = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[..., 0]
-        losses.append(lse - np.take_along_axis(logits, tgt[..., None], -1)[..., 0])
+        ids, tgt = sequential_batch(tokens, a.ctx, a.rows, s)
+        losses.append(token_losses(forward(p, ids, a.layers, a.heads), tgt))
     loss = float(np.mean(losses))
     rel = abs(loss - a.expect) / abs(loss)
     print(f"numpy float64 loss {loss:.8f}, trainer {a.expect:.8f}, relative difference {rel:.2e}")

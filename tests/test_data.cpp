@@ -1,4 +1,5 @@
-// Token files (.npy / .bin parsing and every way they can be wrong) and the SPEC.md samplers.
+// Token files (.npy / .bin parsing, uint16 and uint32 ids, every way they can be wrong, the
+// tokenizer's vocabulary recorded beside them) and the SPEC.md samplers.
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -138,7 +139,7 @@ TEST_CASE("llm.c token shards: read past their header; other versions and sizes 
   };
   const TokenFile t = TokenFile::open(shard("ok.bin", 1, 300, 300));
   REQUIRE(t.size() == 300);
-  CHECK(std::equal(tok.begin(), tok.end(), t.data()));
+  CHECK(std::equal(tok.begin(), tok.end(), t.u16()));
   REQUIRE_THROWS_WITH(TokenFile::open(shard("v2.bin", 2, 150, 300)),
                       ContainsSubstring("llm.c shard of version 2"));
   REQUIRE_THROWS_WITH(TokenFile::open(shard("short.bin", 1, 300, 299)),
@@ -217,9 +218,11 @@ TEST_CASE("npy and bin round trip; fill_rows returns the shifted windows") {
     TokenFile f = TokenFile::open(dir.file(name));
     REQUIRE(f.path() == dir.file(name));
     REQUIRE(f.size() == 1000);
-    REQUIRE(std::vector<uint16_t>(f.data(), f.data() + f.size()) == tok);
+    REQUIRE(f.dtype() == TokenDtype::kU16);
+    REQUIRE(f.u32() == nullptr);
+    REQUIRE(std::vector<uint16_t>(f.u16(), f.u16() + f.size()) == tok);
     TokenFile moved = std::move(f);  // the mapping moves with it
-    REQUIRE(moved.data()[999] == tok[999]);
+    REQUIRE(moved.u16()[999] == tok[999]);
 
     const TokenStream stream = TokenStream::open(dir.file(name));
     const int64_t T = 10, G = 6;
@@ -250,8 +253,8 @@ TEST_CASE("npy headers in other valid spellings are accepted") {
   for (const char* name : {"v2.npy", "v3.npy"}) {
     TokenFile f = TokenFile::open(dir.file(name));
     REQUIRE(f.size() == 5);
-    REQUIRE(f.data()[3] == 65535);
-    REQUIRE(f.data()[4] == 5);
+    REQUIRE(f.u16()[3] == 65535);
+    REQUIRE(f.u16()[4] == 5);
   }
   // An empty array and an empty .bin are valid files (check_length refuses them later).
   write_bytes(dir.file("e.npy"),
@@ -272,9 +275,18 @@ TEST_CASE("bad token files are refused with a message naming the file and the de
                         ContainsSubstring(dir.file(name)) && ContainsSubstring(words));
   };
   check("i4.npy", make_npy("{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }", data),
-        "dtype '<i4' (need '<u2' = uint16)");
+        "dtype '<i4' (need '<u2' = uint16 or '<u4' = uint32)");
   check("be.npy", make_npy("{'descr': '>u2', 'fortran_order': False, 'shape': (6,), }", data),
         "dtype '>u2'");
+  check("be4.npy", make_npy("{'descr': '>u4', 'fortran_order': False, 'shape': (3,), }", data),
+        "dtype '>u4'");
+  check("u8.npy", make_npy("{'descr': '<u8', 'fortran_order': False, 'shape': (1,), }", data),
+        "dtype '<u8'");
+  // 12 bytes are 3 uint32 ids, not 6.
+  check("trunc4.npy", make_npy("{'descr': '<u4', 'fortran_order': False, 'shape': (6,), }", data),
+        "truncated: header says 6 tokens but 12 bytes follow");
+  check("long4.npy", make_npy("{'descr': '<u4', 'fortran_order': False, 'shape': (2,), }", data),
+        "4 bytes after its data");
   check("2d.npy", make_npy("{'descr': '<u2', 'fortran_order': False, 'shape': (3, 2), }", data),
         "2-D shape (3, 2) (need 1-D)");
   check("0d.npy", make_npy("{'descr': '<u2', 'fortran_order': False, 'shape': (), }", data),
@@ -350,4 +362,141 @@ TEST_CASE("check_vocab and check_length") {
   REQUIRE_THROWS_WITH(f.check_length(100000 - 1), ContainsSubstring(dir.file("v.bin")) &&
                                                       ContainsSubstring("too short") &&
                                                       ContainsSubstring("needs at least 100001"));
+}
+
+namespace {
+
+std::string u32_bytes(const std::vector<uint32_t>& v) {
+  std::string s(v.size() * 4, '\0');
+  for (size_t i = 0; i < v.size(); ++i)
+    for (int b = 0; b < 4; ++b) s[4 * i + b] = static_cast<char>((v[i] >> (8 * b)) & 0xff);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("uint32 .npy: read in place, and the same batches as uint16 for the same ids") {
+  TempDir dir;
+  std::vector<uint16_t> tok16(1000);
+  for (size_t i = 0; i < tok16.size(); ++i) tok16[i] = static_cast<uint16_t>((i * 7919) % 65536);
+  const std::vector<uint32_t> tok32(tok16.begin(), tok16.end());
+  write_npy_u16(dir.file("t16.npy"), tok16.data(), 1000);
+  write_npy_u32(dir.file("t32.npy"), tok32.data(), 1000);
+  // NumPy 1.0 layout: the same 128-byte header with '<u4', then 4 bytes an id.
+  REQUIRE(std::filesystem::file_size(dir.file("t32.npy")) == 128 + 4 * tok32.size());
+  REQUIRE(read_all(dir.file("t32.npy")).substr(10, 60) ==
+          "{'descr': '<u4', 'fortran_order': False, 'shape': (1000,), }");
+
+  const TokenFile f = TokenFile::open(dir.file("t32.npy"));
+  REQUIRE(f.dtype() == TokenDtype::kU32);
+  REQUIRE(std::string(dtype_name(f.dtype())) == "uint32");
+  REQUIRE(f.u16() == nullptr);
+  REQUIRE(f.size() == 1000);
+  REQUIRE(std::vector<uint32_t>(f.u32(), f.u32() + f.size()) == tok32);
+
+  const TokenStream s16 = TokenStream::open(dir.file("t16.npy"));
+  const TokenStream s32 = TokenStream::open(dir.file("t32.npy"));
+  // A uint16 and a uint32 shard read as one stream: widths may differ from file to file.
+  write_npy_u32(dir.file("a.npy"), tok32.data(), 400);
+  write_npy_u16(dir.file("b.npy"), tok16.data() + 400, 600);
+  const TokenStream mixed = TokenStream::open(dir.file("a.npy") + "," + dir.file("b.npy"));
+  for (SamplerKind kind : {SamplerKind::kSequential, SamplerKind::kRandom}) {
+    const Sampler s{kind, 11, 1000, 16, 8};
+    for (int64_t step = 0; step < 20; ++step) {
+      std::vector<int32_t> in16(128), tg16(128), in32(128), tg32(128), inm(128), tgm(128);
+      fill_rows(s16, s, step, 0, 8, in16.data(), tg16.data());
+      fill_rows(s32, s, step, 0, 8, in32.data(), tg32.data());
+      fill_rows(mixed, s, step, 0, 8, inm.data(), tgm.data());
+      REQUIRE(in16 == in32);
+      REQUIRE(tg16 == tg32);
+      REQUIRE(in16 == inm);
+      REQUIRE(tg16 == tgm);
+    }
+  }
+}
+
+TEST_CASE("uint32 ids past 65535 round-trip; check_vocab scans them") {
+  TempDir dir;
+  std::vector<uint32_t> tok(100000);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<uint32_t>(i % 70000);
+  tok[5] = 65536;
+  tok[77777] = 100000;
+  tok[88888] = 4000000000u;  // past INT32_MAX: read() would wrap it, check_vocab refuses it
+  write_npy_u32(dir.file("v.npy"), tok.data(), static_cast<int64_t>(tok.size()));
+  // The same ids through a .npy written by hand (as NumPy would) read alike.
+  write_bytes(dir.file("hand.npy"),
+              make_npy("{'descr': '<u4', 'fortran_order': False, 'shape': (5,), }",
+                       u32_bytes({0, 65535, 65536, 70000, 4294967295u})));
+  const TokenFile hand = TokenFile::open(dir.file("hand.npy"));
+  REQUIRE(std::vector<uint32_t>(hand.u32(), hand.u32() + 5) ==
+          std::vector<uint32_t>{0, 65535, 65536, 70000, 4294967295u});
+
+  const TokenFile f = TokenFile::open(dir.file("v.npy"));
+  REQUIRE(f.u32()[5] == 65536);
+  REQUIRE(f.u32()[77777] == 100000);
+  const TokenStream stream = TokenStream::open(dir.file("v.npy"));
+  std::vector<int32_t> got(4);
+  stream.read(3, 4, got.data());
+  REQUIRE(got == std::vector<int32_t>{3, 4, 65536, 6});
+  stream.read(77776, 3, got.data());
+  REQUIRE(got[1] == 100000);
+
+  f.check_vocab(int64_t{1} << 32);  // every uint32 fits
+  REQUIRE_THROWS_WITH(f.check_vocab(70000), ContainsSubstring(dir.file("v.npy")) &&
+                                                ContainsSubstring("token id 100000 at position "
+                                                                  "77777"));
+  REQUIRE_THROWS_WITH(f.check_vocab(65536), ContainsSubstring("token id 65536 at position 5"));
+  REQUIRE_THROWS_WITH(f.check_vocab(100001),
+                      ContainsSubstring("token id 4000000000 at position 88888") &&
+                          ContainsSubstring("outside the vocabulary of 100001"));
+  tok[88888] = 7;
+  write_npy_u32(dir.file("ok.npy"), tok.data(), static_cast<int64_t>(tok.size()));
+  TokenFile::open(dir.file("ok.npy")).check_vocab(100001);
+  TokenStream::open(dir.file("ok.npy")).check_vocab(100001);
+}
+
+TEST_CASE("the tokenizer's vocabulary in meta.json beside the tokens bounds --vocab") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.file("a"));
+  std::filesystem::create_directories(dir.file("b"));
+  std::vector<uint16_t> tok(200);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<uint16_t>(i % 100);
+  for (const char* name : {"a/train.npy", "a/val.npy", "b/more.npy"})
+    write_npy_u16(dir.file(name), tok.data(), static_cast<int64_t>(tok.size()));
+  REQUIRE(!recorded_vocab_size(dir.file("a/train.npy")));  // no meta.json: no bound
+  TokenStream::open(dir.file("a/train.npy")).check_vocab(100);
+
+  // As launch/prepare_text.py writes it (abridged).
+  write_bytes(dir.file("a/meta.json"),
+              R"({"producer": "launch/prepare_text.py", "vocab_size": 8192, "dtype": "uint16",
+                  "train_tokens": 200, "eot_id": 0})");
+  REQUIRE(recorded_vocab_size(dir.file("a/train.npy")) == 8192);
+  const TokenStream a = TokenStream::open(dir.file("a/train.npy"));
+  a.check_vocab(8192);
+  a.check_vocab(10000);
+  // The ids (< 100) would fit 256; the tokenizer's vocabulary does not.
+  REQUIRE_THROWS_AS(a.check_vocab(256), UsageError);
+  REQUIRE_THROWS_WITH(
+      a.check_vocab(256),
+      ContainsSubstring("--vocab 256 is smaller than the vocabulary of the tokenizer") &&
+          ContainsSubstring("8192 tokens") && ContainsSubstring(dir.file("a/train.npy")) &&
+          ContainsSubstring(dir.file("a/meta.json")) && ContainsSubstring("--vocab 8192 or more"));
+  TokenFile::open(dir.file("a/train.npy")).check_vocab(256);  // the file alone knows no tokenizer
+  // In a list, a file from a directory with a meta.json carries its bound into the stream.
+  const TokenStream ab = TokenStream::open(dir.file("b/more.npy") + "," + dir.file("a/val.npy"));
+  REQUIRE_THROWS_WITH(ab.check_vocab(8191), ContainsSubstring(dir.file("a/val.npy")));
+  ab.check_vocab(8192);
+
+  // Someone else's meta.json (not JSON, no integer vocab_size) bounds nothing.
+  for (const char* other :
+       {"not json at all", "[1, 2]", R"({"vocab_size": "big"})", R"({"name": "my corpus"})"}) {
+    INFO(other);
+    write_bytes(dir.file("b/meta.json"), other);
+    REQUIRE(!recorded_vocab_size(dir.file("b/more.npy")));
+    TokenStream::open(dir.file("b/more.npy")).check_vocab(100);
+  }
+  // A directory named meta.json is no meta.json either.
+  std::filesystem::remove(dir.file("b/meta.json"));
+  std::filesystem::create_directories(dir.file("b/meta.json"));
+  REQUIRE(!recorded_vocab_size(dir.file("b/more.npy")));
 }
