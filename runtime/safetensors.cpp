@@ -5,6 +5,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "core/bf16.h"
 #include "core/error.h"
 
 namespace trainer {
@@ -277,8 +278,6 @@ void SafetensorsReader::read_f32(const std::string& name,
   if (count > 0) std::memcpy(out, data_ + t.begin + first * 4, count * 4);
 }
 
-float bf16_to_f32(uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); }
-
 float f16_to_f32(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000) << 16;
   int32_t exp = (h >> 10) & 0x1f;
@@ -320,7 +319,7 @@ void SafetensorsReader::read_as_f32(const std::string& name,
   const bool bf16 = t.dtype == "BF16";
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t v = uint16_t(p[2 * i] | p[2 * i + 1] << 8);  // little-endian
-    out[i] = bf16 ? bf16_to_f32(v) : f16_to_f32(v);
+    out[i] = bf16 ? bf16_bits_to_f32(v) : f16_to_f32(v);
   }
 }
 

@@ -136,9 +136,9 @@ class SafetensorsWriter {
   std::map<std::string, std::string> metadata_;
 };
 
-// IEEE binary16 and bfloat16 bit patterns to fp32 (exact: every value of either is an fp32).
+// IEEE binary16 bit pattern to fp32 (exact: every binary16 value is an fp32). bfloat16's is
+// bf16_bits_to_f32 in core/bf16.h.
 float f16_to_f32(uint16_t h);
-float bf16_to_f32(uint16_t b);
 
 // Formats a shape as "[3, 4]" for messages.
 std::string shape_string(const std::vector<int64_t>& shape);

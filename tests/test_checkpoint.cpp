@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "core/parse.h"
 #include "model/config.h"
@@ -335,9 +336,9 @@ TEST_CASE("hf_tensor_name gives Llama's names; fp16 and bf16 convert exactly") {
   CHECK(std::bit_cast<uint32_t>(f16_to_f32(0x8000)) == 0x80000000u);
   CHECK(f16_to_f32(0xfc00) == -std::numeric_limits<float>::infinity());
   CHECK(std::isnan(f16_to_f32(0x7e00)));
-  CHECK(bf16_to_f32(0x3f80) == 1.0f);
-  CHECK(bf16_to_f32(0xc0a0) == -5.0f);
-  CHECK(std::isnan(bf16_to_f32(0x7fc0)));
+  CHECK(bf16_bits_to_f32(0x3f80) == 1.0f);
+  CHECK(bf16_bits_to_f32(0xc0a0) == -5.0f);
+  CHECK(std::isnan(bf16_bits_to_f32(0x7fc0)));
 }
 
 TEST_CASE("load_model reads a Hugging Face Llama folder in fp32, bf16, fp16 and shards") {
