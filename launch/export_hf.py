@@ -94,22 +94,13 @@ def rope_rows_to_hf(w, heads):
     return w.reshape(heads, dh // 2, 2, d_in).transpose(0, 2, 1, 3).reshape(d_out, d_in)
 
 
-def spec_names(layers):
-    """SPEC.md's tensor names in its order."""
+def tensor_names(layers, ffn=("w1", "w2", "w3")):
+    """Our tensor names in SPEC.md's order; ffn=("w1", "w3", "w2") gives the order Hugging Face's
+    own files list them (gate, up, down)."""
     names = ["token_embeddings.weight"]
     for i in range(layers):
         names += [f"layers.{i}.attn.{n}_proj.weight" for n in ("q", "k", "v", "output")]
-        names += [f"layers.{i}.ffn.{n}.weight" for n in ("w1", "w2", "w3")]
-        names += [f"layers.{i}.ln1.weight", f"layers.{i}.ln2.weight"]
-    return names + ["ln_final.weight", "lm_head.weight"]
-
-
-def hf_order(layers):
-    """Our names in the order Hugging Face's own files list them (the file's tensor order)."""
-    names = ["token_embeddings.weight"]
-    for i in range(layers):
-        names += [f"layers.{i}.attn.{n}_proj.weight" for n in ("q", "k", "v", "output")]
-        names += [f"layers.{i}.ffn.{n}.weight" for n in ("w1", "w3", "w2")]
+        names += [f"layers.{i}.ffn.{n}.weight" for n in ffn]
         names += [f"layers.{i}.ln1.weight", f"layers.{i}.ln2.weight"]
     return names + ["ln_final.weight", "lm_head.weight"]
 
@@ -182,7 +173,7 @@ def check_tensors(f, path, cfg):
                        f"layers.{i}.ffn.w2.weight": [d, ff], f"layers.{i}.ln1.weight": [d],
                        f"layers.{i}.ln2.weight": [d]})
     have = set(f.keys())
-    for name in spec_names(L):
+    for name in tensor_names(L):
         if name not in have:
             raise InputError(f"{path} has no tensor '{name}' (not the trainer's model weights?)")
         got = list(f.get_slice(name).get_shape())
@@ -319,7 +310,7 @@ def export(args):
         return produce
 
     tensors = [(hf_name(n), f.get_slice(n).get_shape(), producer(n))
-               for n in hf_order(cfg["n_layers"])]
+               for n in tensor_names(cfg["n_layers"], ffn=("w1", "w3", "w2"))]
     write_safetensors(os.path.join(out, "model.safetensors"), tensors, args.dtype)
     config = {
         "architectures": ["LlamaForCausalLM"],
