@@ -3,7 +3,8 @@
 reads.
 
     python3 launch/prepare_text.py --out DIR [--vocab-size 8192] [--val-fraction 0.05]
-        [--tokenizer tokenizer.json] [--eot '<|endoftext|>'] [--overwrite] FILE_OR_GLOB...
+        [--tokenizer tokenizer.json] [--eot '<|endoftext|>'] [--doc-separator LINE]
+        [--overwrite] FILE_OR_GLOB...
 
 Trains a GPT-2-style byte-level BPE tokenizer (Hugging Face `tokenizers`: ByteLevel
 pre-tokenizer and decoder, the 256 byte symbols as its alphabet, so any UTF-8 text encodes and
@@ -15,11 +16,18 @@ the one given with --tokenizer, then encodes the files and writes into DIR:
                          and train.npy the rest, as launch/tokenize does (no val.npy with 0)
     tokenizer.json       the tokenizer (decode with tokenizers.Tokenizer.from_file)
     meta.json            vocab_size (the trainer's --vocab must be at least this), dtype, token
-                         counts, the end-of-text token and its id, the source files
+                         counts, the end-of-text token and its id, the document separator, the
+                         number of documents, the source files
 
 Each input file is one document: the end-of-text token (--eot, a special token of the
-vocabulary) follows each one. Text that spells the end-of-text token is encoded as plain text, so
-the only end-of-text ids are those between files. Then train with
+vocabulary) follows each one. With --doc-separator LINE, a line that is exactly LINE (without its
+line end, \\n or \\r\\n) also ends a document, as in the fortune files, whose short texts are
+separated by lines of '%': the separator line is dropped, and neither the tokenizer's training nor
+the shards see it -- the end-of-text id stands in its place. The end of a file still ends a
+document; a document without text (two separators in a row, one at the start or the end of a
+file) gets no end-of-text id. The text between separators keeps its exact bytes, so the ids of a
+document decode to exactly its text. Text that spells the end-of-text token is encoded as plain
+text, so the only end-of-text ids are those between documents. Then train with
 
     build/trainer --data DIR/train.npy --val-data DIR/val.npy --vocab <vocab_size of meta.json>
 
@@ -30,7 +38,8 @@ else a line per 10%).
 
 Exit codes: 0 done; 2 bad input (one line on stderr saying what: no input files, a pattern that
 matches nothing, a binary or non-UTF-8 file, no text, a --vocab-size out of range, an unreadable
---tokenizer, an --out that holds files without --overwrite); 130 interrupted.
+--tokenizer, an empty or multi-line --doc-separator, an --out that holds files without
+--overwrite); 130 interrupted.
 """
 
 import argparse
@@ -39,11 +48,13 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import sys
 
 EXIT_USAGE = 2
 CHUNK_CHARS = 64 * 1024  # one string handed to the tokenizer (whole lines where lines allow)
+DOC_END = None  # in the stream of text pieces: the current document ends here
 READ_BYTES = 1 << 20  # one read from an input file
 SNIFF_BYTES = 64 * 1024  # the first chunk of a file, checked for binary data up front
 HEADER_BYTES = 128  # fixed .npy header size: room for any length, so it is rewritten in place
@@ -149,6 +160,52 @@ def read_chunks(path, progress):
                 return
 
 
+def split_at_separators(chunks, separator):
+    """The chunks of one file (read_chunks) as text pieces, with DOC_END for each separator line.
+
+    A separator line is a line, whole, whose text without its line end (\\n or \\r\\n) is
+    `separator`; the line, its line end included, is dropped. The pieces keep every other byte.
+    Chunks may end anywhere (a line longer than a chunk is cut inside), so the start of a line
+    that could still turn out to be a separator is held back and put before the next chunk, and
+    after a chunk that ends inside a longer line, the text up to the next line end is not searched.
+    """
+    line = re.compile("^" + re.escape(separator) + r"\r?\n", re.MULTILINE)
+    held = ""  # the last line of the text so far, unended: a separator's start, or empty
+    mid_line = False  # the next chunk continues a line that is no separator
+    for chunk in chunks:
+        text = held + chunk
+        held = ""
+        start = 0  # where a separator line may begin
+        if mid_line:
+            start = text.find("\n") + 1
+            if start == 0:  # no line end: all of it continues that line
+                yield text
+                continue
+        # The unended last line: held while it may still become a separator line (its line end
+        # or the rest of its text in the next chunk), else handed out, and the next chunk goes
+        # on inside it.
+        last = text.rfind("\n") + 1
+        tail = text[last:]
+        if separator.startswith(tail) or tail == separator + "\r":
+            held, text = tail, text[:last]
+            mid_line = False
+        else:
+            mid_line = True
+        done = 0  # text[:done] is handed out
+        for m in line.finditer(text, start):  # `^` matches at `start` and after each \n
+            if m.start() > done:
+                yield text[done:m.start()]
+            yield DOC_END
+            done = m.end()
+        if done < len(text):
+            yield text[done:]
+    # The file's last line, without a line end.
+    if held == separator:
+        yield DOC_END
+    elif held:
+        yield held
+
+
 # ---------------------------------------------------------------------------------------------
 # Progress on stderr
 
@@ -185,13 +242,30 @@ class Progress:
             self.bar.close()
 
 
-def all_chunks(files, label, total, quiet):
-    """Every file's chunks, one progress bar over all of them; yields (file index, chunk)."""
+def documents(files, separator, label, total, quiet):
+    """The corpus as text pieces (str, never empty) and DOC_END after each document's pieces.
+
+    Each file is a document, or with a separator (not None) each stretch of a file between
+    separator lines (split_at_separators). A document without text gets no DOC_END. One progress
+    bar over all the files.
+    """
     progress = Progress(total, label, quiet)
     try:
-        for i, path in enumerate(files):
-            for chunk in read_chunks(path, progress):
-                yield i, chunk
+        for path in files:
+            pieces = read_chunks(path, progress)
+            if separator is not None:
+                pieces = split_at_separators(pieces, separator)
+            has_text = False  # the current document has text
+            for piece in pieces:
+                if piece is DOC_END:
+                    if has_text:
+                        yield DOC_END
+                    has_text = False
+                elif piece:
+                    has_text = True
+                    yield piece
+            if has_text:  # the end of the file ends its last document
+                yield DOC_END
     finally:
         progress.close()
 
@@ -200,7 +274,7 @@ def all_chunks(files, label, total, quiet):
 # The tokenizer
 
 
-def train_tokenizer(files, total, vocab_size, eot, quiet):
+def train_tokenizer(files, separator, total, vocab_size, eot, quiet):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     # GPT-2's byte-level BPE: no normalizer (it would change the text), bytes mapped to printable
     # symbols, no prefix space (it would add a byte), and every byte in the alphabet from the
@@ -218,8 +292,10 @@ def train_tokenizer(files, total, vocab_size, eot, quiet):
         show_progress=False)
 
     def chunks():
-        for _, chunk in all_chunks(files, "training the tokenizer", total, quiet):
-            yield chunk
+        # The documents' text, each piece within one document; no separator lines.
+        for piece in documents(files, separator, "training the tokenizer", total, quiet):
+            if piece is not DOC_END:
+                yield piece
         if not quiet:  # the merges come after the last chunk, without a bar
             print(f"prepare_text: computing the merges of a {vocab_size}-token vocabulary",
                   file=sys.stderr, flush=True)
@@ -296,43 +372,48 @@ def check_out_dir(out, overwrite, cleanup):
         raise InputError(f"cannot create --out '{out}': {e.strerror}") from None
 
 
-def encode_to(tokenizer, files, total, dtype, eot, tmp_path, quiet):
-    """Encodes every file, EOT after each, into the .npy at tmp_path; returns the token count."""
+def encode_to(tokenizer, files, separator, total, dtype, eot, tmp_path, quiet):
+    """Encodes every document, EOT after each, into the .npy at tmp_path; returns the token
+    count and the document count."""
     import numpy as np
     np_dtype = np.dtype(dtype).newbyteorder("<")
-    # Chunks per encode call: enough for the Rust side's threads, few enough that the encodings
-    # (some hundred bytes a token) stay around 100 MB.
-    batch = min(32, max(8, 2 * (os.cpu_count() or 1)))
+    # Text per encode call: chunks enough for the Rust side's threads, few enough that the
+    # encodings (some hundred bytes a token) stay around 100 MB. Pieces are encoded one by one
+    # (none runs across a document's end), so how they are batched does not change the ids.
+    batch_chars = min(32, max(8, 2 * (os.cpu_count() or 1))) * CHUNK_CHARS
     # encode_batch_fast (tokenizers >= 0.20) skips the offsets nobody reads here.
     encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-    eot_token = np.array([eot], dtype=np_dtype)
-    count = 0
+    eot_bytes = np.array([eot], dtype=np_dtype).tobytes()
+    count = docs = 0
     with open(tmp_path, "wb") as out:
         out.write(npy_header(dtype, 0))  # rewritten with the length at the end
 
-        def flush(chunks):
-            nonlocal count
-            if chunks:
-                for enc in encode_batch(chunks, add_special_tokens=False):
-                    ids = np.asarray(enc.ids, dtype=np_dtype)
+        def flush(pending):
+            """Writes the pending pieces' ids, and an EOT for each DOC_END, in order."""
+            nonlocal count, docs
+            texts = [p for p in pending if p is not DOC_END]
+            encodings = iter(encode_batch(texts, add_special_tokens=False) if texts else ())
+            for piece in pending:
+                if piece is DOC_END:
+                    out.write(eot_bytes)
+                    count += 1
+                    docs += 1
+                else:
+                    ids = np.asarray(next(encodings).ids, dtype=np_dtype)
                     out.write(ids.tobytes())
                     count += len(ids)
-                chunks.clear()
+            pending.clear()
 
-        pending, current = [], 0
-        for i, chunk in all_chunks(files, "encoding", total, quiet):
-            if i != current:  # a new document begins: end the previous one
-                flush(pending)
-                out.write(eot_token.tobytes())
-                count += 1
-                current = i
-            pending.append(chunk)
-            if len(pending) == batch:
-                flush(pending)
+        pending, chars = [], 0
+        for piece in documents(files, separator, "encoding", total, quiet):
+            pending.append(piece)
+            if piece is not DOC_END:
+                chars += len(piece)
+                if chars >= batch_chars:
+                    flush(pending)
+                    chars = 0
         flush(pending)
-        out.write(eot_token.tobytes())  # the last document's end
-        count += 1
-    return count
+    return count, docs
 
 
 def split_tail(tmp_train, tmp_val, dtype, n_total, n_val):
@@ -369,8 +450,14 @@ def main(argv=None):
                     help="share of the tokens, taken from the end, that goes to val.npy, in "
                     "[0, 1); 0 writes no val.npy [default: 0.05]")
     ap.add_argument("--eot", default="<|endoftext|>", metavar="TOKEN",
-                    help="end-of-text special token written after each file "
+                    help="end-of-text special token written after each document "
                     "[default: <|endoftext|>]")
+    ap.add_argument("--doc-separator", metavar="LINE",
+                    help="a line that is exactly LINE (without its line end) ends a document "
+                    "and is dropped: its end-of-text id stands in its place (e.g. '%%' for "
+                    "fortune files) [default: none: each file is one document]")
+    # For the tests: a chunk size small enough that their separators fall at chunk boundaries.
+    ap.add_argument("--chunk-chars", type=int, default=CHUNK_CHARS, help=argparse.SUPPRESS)
     ap.add_argument("--overwrite", action="store_true",
                     help="replace the outputs in an --out that already holds files")
     ap.add_argument("--quiet", action="store_true", help="no progress output")
@@ -402,6 +489,18 @@ def run(args, cleanup):
         raise InputError(f"--val-fraction {args.val_fraction} must be in [0, 1)")
     if not args.eot:
         raise InputError("--eot must not be empty")
+    separator = args.doc_separator
+    if separator == "":
+        # A blank line separates paragraphs inside documents as often as documents: refused
+        # rather than guessed at.
+        raise InputError("--doc-separator must not be empty (a blank-line separator would "
+                         "split documents at every paragraph)")
+    if separator is not None and ("\n" in separator or "\r" in separator):
+        raise InputError("--doc-separator must be one line: no \\n or \\r in it")
+    if args.chunk_chars < 1:
+        raise InputError(f"--chunk-chars {args.chunk_chars} must be at least 1")
+    global CHUNK_CHARS
+    CHUNK_CHARS = args.chunk_chars
     if args.tokenizer is not None and args.vocab_size is not None:
         raise InputError("--vocab-size applies only when training a tokenizer, not with "
                          "--tokenizer (its vocabulary is given)")
@@ -440,14 +539,14 @@ def run(args, cleanup):
     check_out_dir(out, args.overwrite, cleanup)
     quiet = args.quiet
     if args.tokenizer is None:
-        tokenizer = train_tokenizer(files, total, vocab_size, args.eot, quiet)
+        tokenizer = train_tokenizer(files, separator, total, vocab_size, args.eot, quiet)
         eot = eot_id(tokenizer, args.eot, "the trained tokenizer")
     vocab = id_bound(tokenizer)
     if vocab > UINT32_IDS:
         raise InputError(f"--tokenizer '{args.tokenizer}' has ids up to {vocab - 1}: more than "
                          "uint32 holds")
     dtype = npy_dtype(vocab)
-    # Text that spells --eot is text: the only end-of-text ids are the ones between files. (A
+    # Text that spells --eot is text: the only end-of-text ids are the ones between documents. (A
     # run-time setting: tokenizer.json does not keep it. Older tokenizers lack it.)
     if hasattr(tokenizer, "encode_special_tokens"):
         tokenizer.encode_special_tokens = True
@@ -458,7 +557,10 @@ def run(args, cleanup):
         return path
 
     tmp_train = tmp("train.npy")
-    n_total = encode_to(tokenizer, files, total, dtype, eot, tmp_train, quiet)
+    n_total, n_docs = encode_to(tokenizer, files, separator, total, dtype, eot, tmp_train, quiet)
+    if n_docs == 0:  # the files hold separator lines only
+        raise InputError(f"the input files hold no text besides --doc-separator lines "
+                         f"({len(files)} file(s))")
     # The split of launch/tokenize.cpp: the last round(n * f) tokens (half away from zero) validate.
     n_val = min(n_total, math.floor(n_total * args.val_fraction + 0.5))
     tmp_val = tmp("val.npy") if args.val_fraction > 0 else None
@@ -484,7 +586,8 @@ def run(args, cleanup):
         "tokenizer": "tokenizer.json",
         "tokenizer_source": os.path.abspath(args.tokenizer) if args.tokenizer else None,
         "requested_vocab_size": None if args.tokenizer else vocab_size,
-        "documents": len(files),
+        "doc_separator": separator,  # null: each file is one document
+        "documents": n_docs,  # = the end-of-text ids
         "text_bytes": total,
         "sources": [{"path": os.path.abspath(p), "bytes": s} for p, s in sources],
     }
@@ -507,8 +610,9 @@ def run(args, cleanup):
     if not args.tokenizer and vocab < vocab_size:
         print(f"prepare_text: note: the corpus gave {vocab} tokens of the --vocab-size "
               f"{vocab_size} asked for", file=sys.stderr)
-    print(f"prepare_text: {len(files)} file(s), {total} bytes -> {out}: vocab {vocab}, {dtype}, "
-          f"train {n_total - n_val} tokens, val {n_val} tokens, eot id {eot}")
+    docs = f", {n_docs} document(s)" if separator is not None else ""
+    print(f"prepare_text: {len(files)} file(s){docs}, {total} bytes -> {out}: vocab {vocab}, "
+          f"{dtype}, train {n_total - n_val} tokens, val {n_val} tokens, eot id {eot}")
     print(f"  train with: --data {os.path.join(out, 'train.npy')}"
           + (f" --val-data {os.path.join(out, 'val.npy')}" if tmp_val else "")
           + f" --vocab {vocab}")

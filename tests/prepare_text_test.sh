@@ -4,7 +4,9 @@
 # input exactly (non-ASCII UTF-8, CRLF, a literal end-of-text string included), reuses a given
 # tokenizer.json, writes uint32 shards for a vocabulary past 65536, refuses every bad input with
 # exit 2 and one line on stderr; the trainer trains 5 steps on the shards with the vocabulary of
-# meta.json and refuses a smaller --vocab. Skipped (77) without Python's tokenizers and numpy.
+# meta.json and refuses a smaller --vocab; --doc-separator ends documents at separator lines
+# (dropped, also from the tokenizer's training; one end-of-text id per non-empty document, whose
+# ids decode to exactly its text, at any chunk size). Skipped (77) without tokenizers and numpy.
 # Usage: prepare_text_test.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: prepare_text_test.sh BUILD_DIR}
@@ -205,6 +207,13 @@ expect 2 "--out '.*d1' already holds files .*; pass --overwrite" "${prep[@]}" --
   "$tmp/a.txt"
 expect 2 "--val-fraction 1.0 must be in \[0, 1\)" "${prep[@]}" --out "$tmp/x" --val-fraction 1 \
   "$tmp/a.txt"
+expect 2 "--doc-separator must not be empty" "${prep[@]}" --out "$tmp/x" --doc-separator '' \
+  "$tmp/a.txt"
+expect 2 "--doc-separator must be one line" "${prep[@]}" --out "$tmp/x" --doc-separator $'%\n%' \
+  "$tmp/a.txt"
+printf '%%\n%%\r\n%%' > "$tmp/only_seps.txt"
+expect 2 "the input files hold no text besides --doc-separator lines" "${prep[@]}" --out "$tmp/x" \
+  --doc-separator % "$tmp/only_seps.txt"
 [[ ! -e $tmp/x ]] && ok "a refused run leaves no --out behind" || fail "$tmp/x was left behind"
 
 # 7. --overwrite replaces the outputs; --val-fraction 0 writes no val.npy (and removes the old).
@@ -220,6 +229,125 @@ fi
 # 8. --help explains the command.
 python3 "$root/launch/prepare_text.py" --help | grep -q "byte-level BPE tokenizer" &&
   ok "--help" || fail "--help"
+python3 "$root/launch/prepare_text.py" --help | grep -q -- "--doc-separator LINE" &&
+  ok "--help names --doc-separator" || fail "--help lacks --doc-separator"
+
+# 9. --doc-separator: files of short documents between separator lines, as the fortune files.
+#    s1: a separator at the start, CRLF lines and a CRLF separator, two separators in a row,
+#    non-ASCII text, lines that are not quite separators, the end-of-text string as text, a
+#    document longer than many chunks, a separator at the end. s2 (with --chunk-chars 64): a
+#    chunk ends just before a separator line, the next just after one, the file ends with a
+#    separator without a line end. s3: no separator, no line end at the end. s4: separators only.
+python3 - "$tmp" <<'PY'
+import random, sys
+d = sys.argv[1]
+rng = random.Random(2)
+words = "river garden winter letter morning silver window journey harbour lantern".split()
+def para(n):
+    return " ".join(rng.choice(words) for _ in range(n)) + ".\n"
+s1 = ("%\n" "first document\r\nwith CRLF lines\r\n" "%\r\n" "%\n"
+      "naïve café — 東京 🙂 Ελληνικά\n%%\n % \n% \na%\n%\r\r\n<|endoftext|> as text\n" "%\n"
+      + "".join(para(rng.randint(3, 30)) for _ in range(40)) + "%\n"
+      "last one\n" "%\n")
+s2 = ("x" * 63 + "\n" "%\n" + "z" * 59 + "\n" "%\n" "after the boundaries\r\n" "%")
+for name, text in (("s1", s1), ("s2", s2), ("s3", "a file without separators\nno line end"),
+                   ("s4", "%\n%\r\n%\n")):
+    with open(f"{d}/{name}.txt", "w", newline="") as f:
+        f.write(text)
+# s5: 200 short documents between lines of 8 tildes (some CRLF); no tilde in the documents.
+with open(f"{d}/s5.txt", "w", newline="") as f:
+    for i in range(200):
+        f.write(para(rng.randint(2, 12)) + rng.choice(["~~~~~~~~\n", "~~~~~~~~\r\n"]))
+PY
+# The boundaries of s2 are where its comment says, with chunks of 64 characters.
+(cd "$root/launch" && python3 -c "
+import prepare_text as p
+p.CHUNK_CHARS = 64
+class Quiet:
+    def advance(self, n): pass
+chunks = list(p.read_chunks('$tmp/s2.txt', Quiet()))
+assert chunks[1].startswith('%\n') and chunks[1].endswith('\n%\n'), chunks
+") && ok "s2: separators at chunk boundaries with --chunk-chars 64" || fail "s2's chunk boundaries"
+
+# check_docs DIR SEPARATOR FILE...: one end-of-text id after each non-empty document of the files
+# split at SEPARATOR lines (here by a plain line-by-line reading of each whole file), the ids
+# between end-of-text ids decode to exactly each document's text, meta.json agrees.
+check_docs() {
+  python3 - "$@" <<'PY'
+import json, sys
+import numpy as np
+from tokenizers import Tokenizer
+out, sep, files = sys.argv[1], sys.argv[2], sys.argv[3:]
+docs = []
+for path in files:
+    cur = ""  # the current document's text
+    lines = open(path, encoding="utf-8", newline="").read().split("\n")
+    for i, line in enumerate(lines):
+        ended = i < len(lines) - 1  # the last piece has no \n (and is empty after one)
+        content = line[:-1] if ended and line.endswith("\r") else line
+        if content == sep:
+            if cur:
+                docs.append(cur)
+            cur = ""
+        else:
+            cur += line + "\n" * ended
+    if cur:
+        docs.append(cur)
+meta = json.load(open(f"{out}/meta.json"))
+ids = np.concatenate([np.load(f"{out}/train.npy"), np.load(f"{out}/val.npy")])
+tok = Tokenizer.from_file(f"{out}/tokenizer.json")
+eot = meta["eot_id"]
+ends = np.flatnonzero(ids == eot)
+assert meta["doc_separator"] == sep, meta["doc_separator"]
+assert len(ends) == len(docs) == meta["documents"], (len(ends), len(docs), meta["documents"])
+assert ids[-1] == eot
+starts = np.concatenate([[0], ends[:-1] + 1])
+for i, (a, b) in enumerate(zip(starts, ends)):
+    text = tok.decode(ids[a:b].tolist(), skip_special_tokens=False)
+    assert text == docs[i], (i, text[:80], docs[i][:80])
+print(f"{out}: {len(docs)} documents round-trip")
+PY
+}
+sep_files=("$tmp/s1.txt" "$tmp/s2.txt" "$tmp/s3.txt" "$tmp/s4.txt")
+if "${prep[@]}" --out "$tmp/d9" --vocab-size 512 --doc-separator % --chunk-chars 64 \
+  "${sep_files[@]}" > "$tmp/d9.log" 2>&1; then
+  ok "--doc-separator %: $(grep -m1 'document(s)' "$tmp/d9.log")"
+else
+  fail "prepare_text --doc-separator %"; cat "$tmp/d9.log"
+fi
+check_docs "$tmp/d9" % "${sep_files[@]}" && ok "--doc-separator %: documents decode exactly" ||
+  fail "--doc-separator % documents"
+# By hand: s1 holds 4 documents, s2 3, s3 1, s4 none.
+python3 -c "import json; m = json.load(open('$tmp/d9/meta.json')); assert m['documents'] == 8, m" &&
+  ok "meta.json: doc_separator %, 8 documents" || fail "meta.json documents of d9"
+# Chunks of 2 characters: a separator line's \r and \n fall into different chunks.
+"${prep[@]}" --out "$tmp/d10" --tokenizer "$tmp/d9/tokenizer.json" --doc-separator % \
+  --chunk-chars 2 "${sep_files[@]}" > /dev/null 2>&1 || fail "prepare_text --chunk-chars 2"
+check_docs "$tmp/d10" % "${sep_files[@]}" && ok "--doc-separator % with 2-character chunks" ||
+  fail "--doc-separator % with 2-character chunks"
+# Without --doc-separator: as before, each file is one document, separator lines are text.
+"${prep[@]}" --out "$tmp/d11" --tokenizer "$tmp/d9/tokenizer.json" "${sep_files[@]}" \
+  > /dev/null 2>&1 || fail "prepare_text without --doc-separator"
+check_shards "$tmp/d11" uint16 "${sep_files[@]}" &&
+  python3 -c "import json; m = json.load(open('$tmp/d11/meta.json'))
+assert m['doc_separator'] is None and m['documents'] == 4, m" &&
+  ok "without --doc-separator: one document per file" || fail "without --doc-separator"
+# The tokenizer does not train on separator lines: 8 tildes 200 times make a token of tildes
+# without --doc-separator, none with it (a separator cut by chunks of 5 characters included).
+for flag in with without; do
+  opt=(); [[ $flag == with ]] && opt=(--doc-separator '~~~~~~~~' --chunk-chars 5)
+  "${prep[@]}" --out "$tmp/d12$flag" --vocab-size 300 "${opt[@]}" "$tmp/s5.txt" > /dev/null 2>&1 ||
+    fail "prepare_text on s5 $flag --doc-separator"
+done
+check_docs "$tmp/d12with" '~~~~~~~~' "$tmp/s5.txt" && ok "s5: 200 documents decode exactly" ||
+  fail "s5 documents"
+tildes() {
+  python3 -c "from tokenizers import Tokenizer
+print(sum('~~' in t for t in Tokenizer.from_file('$1/tokenizer.json').get_vocab()))"
+}
+[[ $(tildes "$tmp/d12with") -eq 0 && $(tildes "$tmp/d12without") -gt 0 ]] &&
+  ok "the tokenizer does not see separator lines" ||
+  fail "tokens of tildes: $(tildes "$tmp/d12with") with --doc-separator"
 
 echo "$passed passed, $failures failed"
 [[ $failures -eq 0 ]]
