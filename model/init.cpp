@@ -5,21 +5,14 @@
 #include <numbers>
 
 #include "core/error.h"
+#include "core/mix64.h"
 
 namespace trainer {
 namespace {
 
-// splitmix64's output function: a bijective 64-bit mix with good avalanche.
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // 64 random bits for (seed, stream, index, draw); each argument goes through its own mixing round
 // so nearby counters give unrelated outputs.
 uint64_t hash_bits(uint64_t seed, uint64_t stream, uint64_t index, uint64_t draw) {
-  constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
   uint64_t h = mix64(seed + kGolden);
   h = mix64(h ^ (stream + kGolden));
   h = mix64(h ^ (index + kGolden));

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/mix64.h"
 
 namespace trainer {
 
@@ -511,19 +512,6 @@ SamplerKind parse_sampler(const std::string& name) {
 const char* sampler_name(SamplerKind kind) {
   return kind == SamplerKind::kSequential ? "sequential" : "random";
 }
-
-namespace {
-
-// splitmix64's finaliser: a bijection on 64 bits with full avalanche.
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
-
-}  // namespace
 
 // Random: h = mix(mix(mix(seed + g) + (s+1) g) + (r+1) g), g the golden-ratio constant. Each
 // stage is a bijection of its counter for a fixed prefix, so distinct rows of a step (and distinct
