@@ -20,7 +20,7 @@ check() {  # check NAME TIMEOUT CMD...
     "$(grep -E 'test cases|passed|failed' "$out/$name.log" | tail -1)"
   [[ $rc -eq 0 ]] || grep -E -B2 -A6 "FAILED|REQUIRE|error|with expansion" "$out/$name.log" | head -40
 }
-for t in test_optim_gpu test_cuda_kernels test_cuda_model test_flash_attention; do
+for t in test_optim_gpu test_cuda_kernels test_cuda_model test_cuda_decoder test_flash_attention; do
   check "$t" 150 "$build/tests/$t"
 done
 ngpu=$(nvidia-smi -L | wc -l)

@@ -7,11 +7,11 @@ build=${1:?usage: gpu_stage.sh BUILD_DIR DIR}
 dir=${2:?usage: gpu_stage.sh BUILD_DIR DIR}
 rm -rf "$dir"
 mkdir -p "$dir/tests" "$dir/launch"
-cp "$build/trainer" "$dir/"
+cp "$build/trainer" "$build/generate" "$dir/"
 for f in "$build"/tests/test_* "$build"/tests/bench_*; do
   [[ -x $f && -f $f ]] && cp "$f" "$dir/tests/"
 done
 for f in tokenize weights_diff; do cp "$build/launch/$f" "$dir/launch/"; done
 cp "$build/comm_bench" "$dir/"
-strip "$dir/trainer" "$dir/comm_bench" "$dir"/tests/* "$dir"/launch/*
+strip "$dir/trainer" "$dir/generate" "$dir/comm_bench" "$dir"/tests/* "$dir"/launch/*
 du -sh "$dir"

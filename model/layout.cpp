@@ -73,6 +73,14 @@ int ParamLayout::index_of(std::string_view name) const {
   usage_error("no parameter named '{}' in this model", name);
 }
 
+BlockOffsets ParamLayout::block_offsets(int layer) const {
+  const std::string p = "layers." + std::to_string(layer) + ".";
+  auto at = [&](const char* name) { return find(p + name).offset; };
+  return {at("ln1.weight"),         at("attn.q_proj.weight"),      at("attn.k_proj.weight"),
+          at("attn.v_proj.weight"), at("attn.output_proj.weight"), at("ln2.weight"),
+          at("ffn.w1.weight"),      at("ffn.w2.weight"),           at("ffn.w3.weight")};
+}
+
 int64_t ParamLayout::block_offset(int layer) const {
   int64_t lowest = -1;
   for (const ParamTensor& t : tensors_)

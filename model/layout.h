@@ -17,6 +17,11 @@
 
 namespace trainer {
 
+// Flat-buffer offsets of one block's tensors.
+struct BlockOffsets {
+  int64_t ln1, q, k, v, o, ln2, w1, w2, w3;
+};
+
 struct ParamTensor {
   std::string name;            // SPEC.md checkpoint key, e.g. "layers.3.ffn.w1.weight"
   std::vector<int64_t> shape;  // e.g. {d_ff, d_model}
@@ -46,6 +51,8 @@ class ParamLayout {
     offset = tensors_[index].offset;
   }
 
+  // Where each of block `layer`'s tensors starts.
+  BlockOffsets block_offsets(int layer) const;
   // The lowest offset of block `layer`'s tensors: what forward announces before the block.
   int64_t block_offset(int layer) const;
   // The lowest offset of ln_final and lm_head: what forward announces before the head.

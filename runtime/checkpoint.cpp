@@ -400,6 +400,42 @@ void load_hf_model(const fs::path& dir, const ParamLayout& L, const ModelConfig&
 
 }  // namespace
 
+ModelConfig read_model_config(const std::string& path) {
+  ModelConfig c;
+  if (fs::is_directory(path)) {
+    const std::string file = (fs::path(path) / "config.json").string();
+    std::ifstream in(file);
+    if (!in) usage_error("{} has no readable config.json: not a Hugging Face model folder", path);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) usage_error("{} is not a JSON object", file);
+    try {
+      c = config_from_json({{"vocab", j.at("vocab_size")},
+                            {"d_model", j.at("hidden_size")},
+                            {"d_ff", j.at("intermediate_size")},
+                            {"n_layers", j.at("num_hidden_layers")},
+                            {"n_heads", j.at("num_attention_heads")},
+                            {"ctx", j.at("max_position_embeddings")}});
+    } catch (const std::exception& e) {
+      usage_error("{}: unreadable Llama dimensions: {}", file, e.what());
+    }
+  } else {
+    const SafetensorsReader r = SafetensorsReader::open(path);
+    const auto it = r.metadata().find("config");
+    if (it == r.metadata().end())
+      usage_error(
+          "{} carries no model config in its metadata (not written by this trainer): pass the "
+          "trainer's model.safetensors, a step_N checkpoint or a Hugging Face folder",
+          path);
+    try {
+      c = config_from_json(nlohmann::json::parse(it->second));
+    } catch (const std::exception& e) {
+      usage_error("{}: unreadable model config in the metadata: {}", path, e.what());
+    }
+  }
+  validate(c);
+  return c;
+}
+
 void load_model(const std::string& path, const ParamLayout& L, const ModelConfig& expected,
                 float* flat) {
   if (fs::is_directory(path)) return load_hf_model(path, L, expected, flat);

@@ -43,6 +43,12 @@ void save_model(const std::string& path, const ParamLayout& L, const float* flat
 void load_model(const std::string& path, const ParamLayout& L, const ModelConfig& expected,
                 float* flat);
 
+// The model configuration of what load_model reads at `path`: the "config" entry of our
+// model.safetensors' metadata, or a Hugging Face folder's config.json (ctx from
+// max_position_embeddings). UsageError when there is none (a file written by PyTorch carries no
+// config: give its dimensions by hand) or it is unreadable.
+ModelConfig read_model_config(const std::string& path);
+
 // The Hugging Face Llama name of a SPEC.md tensor: "token_embeddings.weight" ->
 // "model.embed_tokens.weight", "layers.3.ffn.w1.weight" -> "model.layers.3.mlp.gate_proj.weight"
 // (w1 = gate, w3 = up, w2 = down: SwiGLU's w2(silu(w1 x) * w3 x) is Llama's

@@ -71,6 +71,8 @@ class Run {
   int check_inputs();
   // --out: warns of what interrupted saves left; --overwrite deletes the previous run.
   void prepare_out();
+  // Copies the data's tokenizer.json into --out (rank 0).
+  void copy_tokenizer() const;
   // The replica, the communicator of the gradients, the optimizer and the gradient synchroniser.
   void build(int gpu);
   // What this run holds, printed once by rank 0 (a collective: every rank calls it).

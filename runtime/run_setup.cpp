@@ -278,6 +278,24 @@ void Run::prepare_out() {
       if (ec) usage_error("--overwrite: cannot delete {}: {}", p.string(), ec.message());
     }
   });
+  copy_tokenizer();
+}
+
+// The tokenizer that launch/prepare_text.py wrote beside the token files goes into --out too, so
+// that a run directory is all `generate` needs.
+void Run::copy_tokenizer() const {
+  if (rank_ != 0 || o_.out.empty() || o_.benchmark) return;
+  const fs::path from = fs::path(o_.data).parent_path() / "tokenizer.json";
+  const fs::path to = fs::path(o_.out) / "tokenizer.json";
+  std::error_code ec;
+  if (fs::exists(from, ec)) {
+    if (!fs::equivalent(from, to, ec))
+      fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+    if (ec) spdlog::warn("could not copy {} into --out: {}", from.string(), ec.message());
+  } else if (fs::exists(to, ec)) {
+    spdlog::warn("{} is not from this run's data ({} has no tokenizer.json beside it)", to.string(),
+                 o_.data);
+  }
 }
 
 void Run::build(int gpu) {

@@ -379,25 +379,31 @@ void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, T* dx,
 namespace {
 
 // cos/sin of every (position, pair), computed in double and rounded once to T.
+// Rows of positions [pos0, pos0 + seq): entry (p - pos0) * half + j. Each value depends only on
+// (p, j), so any window of positions rounds exactly as the whole table would.
 template <typename T>
-void rope_table(int64_t seq, int64_t head_dim, T theta, std::vector<T>& cs, std::vector<T>& sn) {
+void rope_table(int64_t pos0, int64_t seq, int64_t head_dim, T theta, std::vector<T>& cs,
+                std::vector<T>& sn) {
   const int64_t half = head_dim / 2;
   cs.resize(seq * half);
   sn.resize(seq * half);
   for (int64_t j = 0; j < half; ++j) {
     const double freq = std::pow(static_cast<double>(theta), -2.0 * j / head_dim);
-    for (int64_t p = 0; p < seq; ++p) {
-      cs[p * half + j] = static_cast<T>(std::cos(p * freq));
-      sn[p * half + j] = static_cast<T>(std::sin(p * freq));
+    for (int64_t i = 0; i < seq; ++i) {
+      const int64_t p = pos0 + i;
+      cs[i * half + j] = static_cast<T>(std::cos(p * freq));
+      sn[i * half + j] = static_cast<T>(std::sin(p * freq));
     }
   }
 }
 
+// Row i is at position pos0 + i % seq.
 template <typename T>
-void rope_apply(T* x, int64_t n, int64_t seq, int64_t d, int64_t head_dim, T theta, T sign) {
+void rope_apply(T* x, int64_t n, int64_t pos0, int64_t seq, int64_t d, int64_t head_dim, T theta,
+                T sign) {
   TRAINER_CHECK(head_dim % 2 == 0 && d % head_dim == 0, "rope: head_dim {} with d {}", head_dim, d);
   std::vector<T> cs, sn;
-  rope_table(seq, head_dim, theta, cs, sn);
+  rope_table(pos0, seq, head_dim, theta, cs, sn);
   const int64_t half = head_dim / 2;
 #pragma omp parallel for schedule(static) if (n * d >= kMinParallelElems)
   for (int64_t i = 0; i < n; ++i) {
@@ -418,12 +424,17 @@ void rope_apply(T* x, int64_t n, int64_t seq, int64_t d, int64_t head_dim, T the
 
 template <typename T>
 void rope_forward(T* x, int64_t n, int64_t seq, int64_t d, int64_t head_dim, T theta) {
-  rope_apply(x, n, seq, d, head_dim, theta, T(1));
+  rope_apply(x, n, int64_t{0}, seq, d, head_dim, theta, T(1));
+}
+
+template <typename T>
+void rope_forward_at(T* x, int64_t n, int64_t pos0, int64_t d, int64_t head_dim, T theta) {
+  rope_apply(x, n, pos0, n, d, head_dim, theta, T(1));
 }
 
 template <typename T>
 void rope_backward(T* dx, int64_t n, int64_t seq, int64_t d, int64_t head_dim, T theta) {
-  rope_apply(dx, n, seq, d, head_dim, theta, T(-1));
+  rope_apply(dx, n, int64_t{0}, seq, d, head_dim, theta, T(-1));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -433,6 +444,33 @@ void rope_backward(T* dx, int64_t n, int64_t seq, int64_t d, int64_t head_dim, T
 //   dv_j = sum_i P_ij dout_i,  dP_ij = dout_i.v_j,  dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij')
 //   dq_i = s sum_j dS_ij k_j,  dk_j = s sum_i dS_ij q_i
 // ------------------------------------------------------------------------------------------------
+namespace {
+
+// One query row of one head over keys/values 0..len-1 (rows of stride d, this head's columns):
+// p[0, len) = softmax(scale q.k_j), o = sum_j p[j] v_j. Training and decoding share it, so a
+// decoded position computes exactly what the full forward computes there.
+template <typename T>
+void attend_row(const T* qi, const T* k, const T* v, int64_t len, int64_t d, int64_t head_dim,
+                T scale, T* p, T* oi) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < len; ++j) {
+    const T* kj = k + j * d;
+    T dot = 0;
+    for (int64_t c = 0; c < head_dim; ++c) dot += qi[c] * kj[c];
+    p[j] = dot * scale;
+    m = std::max(m, p[j]);
+  }
+  const T inv = T(1) / exp_shifted_sum(p, m, p, len);
+  for (int64_t j = 0; j < len; ++j) p[j] *= inv;
+  std::fill_n(oi, head_dim, T(0));
+  for (int64_t j = 0; j < len; ++j) {
+    const T* vj = v + j * d;
+    for (int64_t c = 0; c < head_dim; ++c) oi[c] += p[j] * vj[c];
+  }
+}
+
+}  // namespace
+
 template <typename T>
 void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int64_t B, int64_t seq,
                        int64_t H, int64_t head_dim) {
@@ -444,26 +482,27 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int
       const int64_t base = b * seq * d + h * head_dim;  // row 0 of this (b, h)
       for (int64_t i = 0; i < seq; ++i) {
         T* p = probs + ((b * H + h) * seq + i) * seq;
-        const T* qi = q + base + i * d;
-        T m = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j <= i; ++j) {
-          const T* kj = k + base + j * d;
-          T dot = 0;
-          for (int64_t c = 0; c < head_dim; ++c) dot += qi[c] * kj[c];
-          p[j] = dot * scale;
-          m = std::max(m, p[j]);
-        }
-        const T inv = T(1) / exp_shifted_sum(p, m, p, i + 1);
-        for (int64_t j = 0; j <= i; ++j) p[j] *= inv;
+        attend_row(q + base + i * d, k + base, v + base, i + 1, d, head_dim, scale, p,
+                   out + base + i * d);
         for (int64_t j = i + 1; j < seq; ++j) p[j] = T(0);
-        T* oi = out + base + i * d;
-        std::fill_n(oi, head_dim, T(0));
-        for (int64_t j = 0; j <= i; ++j) {
-          const T* vj = v + base + j * d;
-          for (int64_t c = 0; c < head_dim; ++c) oi[c] += p[j] * vj[c];
-        }
       }
     }
+  }
+}
+
+template <typename T>
+void attention_decode(const T* q, const T* k_cache, const T* v_cache, T* out, int64_t n,
+                      int64_t pos0, int64_t H, int64_t head_dim) {
+  const int64_t d = H * head_dim;
+  const T scale = T(1) / std::sqrt(T(head_dim));
+#pragma omp parallel
+  {
+    std::vector<T> p(pos0 + n);
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < H; ++h)
+        attend_row(q + i * d + h * head_dim, k_cache + h * head_dim, v_cache + h * head_dim,
+                   pos0 + i + 1, d, head_dim, scale, p.data(), out + i * d + h * head_dim);
   }
 }
 
@@ -594,26 +633,29 @@ void cross_entropy_backward(const T* logits, const int32_t* targets, T* dlogits,
 }
 
 // ------------------------------------------------------------------------------------------------
-#define TRAINER_INSTANTIATE_CPU_OPS(T)                                                          \
-  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*,  \
-                        int64_t, T, T*, int64_t);                                               \
-  template void linear_forward<T>(const T*, const T*, T*, int64_t, int64_t, int64_t);           \
-  template void linear_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t,      \
-                                   int64_t);                                                    \
-  template void embedding_forward<T>(const int32_t*, const T*, T*, int64_t, int64_t);           \
-  template void embedding_backward<T>(const int32_t*, const T*, T*, int64_t, int64_t);          \
-  template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, T);            \
-  template void rmsnorm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t,    \
-                                    int64_t);                                                   \
-  template void rope_forward<T>(T*, int64_t, int64_t, int64_t, int64_t, T);                     \
-  template void rope_backward<T>(T*, int64_t, int64_t, int64_t, int64_t, T);                    \
-  template void attention_forward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t,    \
-                                     int64_t, int64_t);                                         \
-  template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*, \
-                                      T*, int64_t, int64_t, int64_t, int64_t);                  \
-  template void swiglu_forward<T>(const T*, const T*, T*, int64_t);                             \
-  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);              \
-  template void cross_entropy_forward<T>(const T*, const int32_t*, T*, int64_t, int64_t);       \
+#define TRAINER_INSTANTIATE_CPU_OPS(T)                                                           \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*,   \
+                        int64_t, T, T*, int64_t);                                                \
+  template void linear_forward<T>(const T*, const T*, T*, int64_t, int64_t, int64_t);            \
+  template void linear_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t,       \
+                                   int64_t);                                                     \
+  template void embedding_forward<T>(const int32_t*, const T*, T*, int64_t, int64_t);            \
+  template void embedding_backward<T>(const int32_t*, const T*, T*, int64_t, int64_t);           \
+  template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, T);             \
+  template void rmsnorm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t,     \
+                                    int64_t);                                                    \
+  template void rope_forward<T>(T*, int64_t, int64_t, int64_t, int64_t, T);                      \
+  template void rope_backward<T>(T*, int64_t, int64_t, int64_t, int64_t, T);                     \
+  template void rope_forward_at<T>(T*, int64_t, int64_t, int64_t, int64_t, T);                   \
+  template void attention_decode<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t, \
+                                    int64_t);                                                    \
+  template void attention_forward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t,     \
+                                     int64_t, int64_t);                                          \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,  \
+                                      T*, int64_t, int64_t, int64_t, int64_t);                   \
+  template void swiglu_forward<T>(const T*, const T*, T*, int64_t);                              \
+  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);               \
+  template void cross_entropy_forward<T>(const T*, const int32_t*, T*, int64_t, int64_t);        \
   template void cross_entropy_backward<T>(const T*, const int32_t*, T*, int64_t, int64_t, T);
 
 TRAINER_INSTANTIATE_CPU_OPS(float)

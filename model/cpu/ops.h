@@ -49,6 +49,9 @@ template <typename T>
 void rope_forward(T* x, int64_t n, int64_t seq, int64_t d, int64_t head_dim, T theta);
 template <typename T>
 void rope_backward(T* dx, int64_t n, int64_t seq, int64_t d, int64_t head_dim, T theta);
+// RoPE forward on n rows of one sequence at positions pos0 .. pos0 + n - 1 (decoding).
+template <typename T>
+void rope_forward_at(T* x, int64_t n, int64_t pos0, int64_t d, int64_t head_dim, T theta);
 
 // Causal attention per (batch b, head h) on q, k, v of layout (B, T, d):
 //   S = q k^T / sqrt(dh), S[i][j] = -inf for j > i, P = softmax(S) row-wise, out = P v.
@@ -61,6 +64,13 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, int
 template <typename T>
 void attention_backward(const T* q, const T* k, const T* v, const T* probs, const T* dout, T* dq,
                         T* dk, T* dv, int64_t B, int64_t seq, int64_t H, int64_t head_dim);
+
+// Decoding: n new query rows q (n, d) at positions pos0 .. pos0 + n - 1 attend causally over the
+// key/value cache rows (pos0 + n, d), which already hold the new rows' keys and values. Row i
+// computes exactly what attention_forward computes at position pos0 + i.
+template <typename T>
+void attention_decode(const T* q, const T* k_cache, const T* v_cache, T* out, int64_t n,
+                      int64_t pos0, int64_t H, int64_t head_dim);
 
 // SwiGLU gate on the two projections a = x W1^T, b = x W3^T: out = silu(a) * b,
 // silu(a) = a * sigmoid(a), silu'(a) = sigmoid(a) * (1 + a * (1 - sigmoid(a))).

@@ -27,7 +27,6 @@
 // backward adds into for the tokens present, are cleared. Later backwards accumulate.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 #include <array>
@@ -44,6 +43,7 @@
 #include "model/cuda/cross_entropy.cuh"
 #include "model/cuda/embedding.cuh"
 #include "model/cuda/flash_attention.h"
+#include "model/cuda/handles.h"
 #include "model/cuda/matmul.h"
 #include "model/cuda/residual.cuh"
 #include "model/cuda/rmsnorm.cuh"
@@ -83,34 +83,6 @@ class Carver {
  private:
   uintptr_t base_;
   int64_t used_ = 0;
-};
-
-// RAII for the few raw CUDA handles (the buffers are DeviceBuffers).
-struct StreamHandle {
-  cudaStream_t s = nullptr;
-  ~StreamHandle() {
-    if (s) cudaStreamDestroy(s);
-  }
-};
-struct EventHandle {
-  cudaEvent_t e = nullptr;
-  ~EventHandle() {
-    if (e) cudaEventDestroy(e);
-  }
-};
-struct PinnedHandle {
-  void* p = nullptr;
-  ~PinnedHandle() {
-    if (p) cudaFreeHost(p);
-  }
-};
-
-// NVTX range for the lifetime of the object.
-struct NvtxRange {
-  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
-  ~NvtxRange() { nvtxRangePop(); }
-  NvtxRange(const NvtxRange&) = delete;
-  NvtxRange& operator=(const NvtxRange&) = delete;
 };
 
 // Linear layers that read the same input, with outputs side by side as column blocks of one
@@ -507,23 +479,7 @@ void CudaReplica<T>::stage_tokens(const MicroBatch& mb, bool buckets) {
 template <typename T>
 void CudaReplica<T>::linear_forward(const T* x, const T* W, T* y, int64_t ldy, int64_t n,
                                     int64_t d_in, int64_t d_out, const T* resid) {
-  Gemm g;
-  g.trans_b = true;
-  g.m = n;
-  g.n = d_out;
-  g.k = d_in;
-  g.a = x;
-  g.lda = d_in;
-  g.b = W;
-  g.ldb = d_in;
-  g.d = y;
-  g.ldd = ldy;
-  if (resid) {
-    g.c = resid;
-    g.ldc = ldy;
-    g.beta = 1.0f;
-  }
-  g.ab_type = g.cd_type = dtype_of<T>();
+  Gemm g = linear_gemm(x, W, y, ldy, n, d_in, d_out, dtype_of<T>(), dtype_of<T>(), resid);
   g.tf32 = tf32_;
   mm_->run(g, stream_.s);
 }

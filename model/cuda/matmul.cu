@@ -94,6 +94,29 @@ void check(cublasStatus_t st, const char* call, const Gemm& g) {
 
 }  // namespace
 
+Gemm linear_gemm(const void* x, const void* W, void* y, int64_t ldy, int64_t n, int64_t d_in,
+                 int64_t d_out, DType ab, DType cd, const void* resid) {
+  Gemm g;
+  g.trans_b = true;
+  g.m = n;
+  g.n = d_out;
+  g.k = d_in;
+  g.a = x;
+  g.lda = d_in;
+  g.b = W;
+  g.ldb = d_in;
+  g.d = y;
+  g.ldd = ldy;
+  if (resid) {
+    g.c = resid;
+    g.ldc = ldy;
+    g.beta = 1.0f;
+  }
+  g.ab_type = ab;
+  g.cd_type = cd;
+  return g;
+}
+
 std::string describe(const Gemm& g) {
   return fmt::format(
       "gemm m={} n={} k={} op(A)={} op(B)={} lda={} ldb={} ldc={} ldd={} batch={} strides "

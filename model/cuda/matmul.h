@@ -46,6 +46,11 @@ struct Gemm {
   bool tf32 = false;            // fp32 A/B only: let the tensor cores round inputs to TF32
 };
 
+// The product of a Linear layer: y[n, d_out] (row stride ldy) = x[n, d_in] W[d_out, d_in]^T, plus
+// resid (same row stride as y) when given. x and W are of type `ab`, y and resid of type `cd`.
+Gemm linear_gemm(const void* x, const void* W, void* y, int64_t ldy, int64_t n, int64_t d_in,
+                 int64_t d_out, DType ab, DType cd, const void* resid = nullptr);
+
 // One-line description of a problem, for error messages.
 std::string describe(const Gemm& g);
 
