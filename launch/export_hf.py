@@ -16,8 +16,10 @@ max_position_embeddings (default 256, the trainer's default --ctx). OUT_DIR rece
     model.safetensors  the weights under the Hugging Face names, in --dtype (default float32)
     tokenizer.json, tokenizer_config.json, special_tokens_map.json
                        with --tokenizer (a `tokenizers` JSON file such as launch/prepare_text.py
-                       writes): AutoTokenizer loads them; <|endoftext|>, when the tokenizer has
-                       it, is the eos token (also eos_token_id in config.json)
+                       writes), or without it the tokenizer.json beside the weights (the trainer
+                       copies its data's into --out): AutoTokenizer loads them; <|endoftext|>,
+                       when the tokenizer has it, is the eos token (also eos_token_id in
+                       config.json)
 
 Load the result with
 
@@ -244,6 +246,19 @@ def write_json(path, obj):
     os.replace(tmp, path)
 
 
+def beside_weights(src):
+    """The tokenizer.json in the weights' folder, or in the run above a step_N; else None."""
+    folder = os.path.dirname(os.path.abspath(src))
+    places = [folder]
+    if re.fullmatch(r"step_\d+", os.path.basename(folder)):
+        places.append(os.path.dirname(folder))
+    for place in places:
+        path = os.path.join(place, "tokenizer.json")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def tokenizer_info(path, vocab):
     """(the tokenizer.json text, the end-of-text id or None); refuses ids past the model's."""
     try:
@@ -295,6 +310,8 @@ def export(args):
     cfg = model_config(f, src, args.heads, args.ctx)
     check_tensors(f, src, cfg)
     tokenizer, eot = (None, None)
+    if args.tokenizer is None:  # the one the trainer copied into the run, if any
+        args.tokenizer = beside_weights(src)
     if args.tokenizer:
         tokenizer, eot = tokenizer_info(args.tokenizer, cfg["vocab"])
 
@@ -367,7 +384,9 @@ def main(argv=None):
     ap.add_argument("source", metavar="RUN_OR_FILE",
                     help="model.safetensors, a checkpoint DIR/step_N, or a run's --out directory")
     ap.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write")
-    ap.add_argument("--tokenizer", metavar="tokenizer.json", help="a `tokenizers` JSON file")
+    ap.add_argument("--tokenizer", metavar="tokenizer.json",
+                    help="a `tokenizers` JSON file [default: the tokenizer.json beside the "
+                    "weights, if any]")
     ap.add_argument("--heads", type=int, help="attention heads (for files without a config)")
     ap.add_argument("--ctx", type=int,
                     help="max_position_embeddings (default: the recorded ctx, else 256)")
