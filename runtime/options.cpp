@@ -72,6 +72,12 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--beta2", o.beta2, "AdamW beta2");
   app.add_option("--eps", o.eps, "AdamW epsilon");
   app.add_option("--clip", o.clip, "global gradient-norm clip (0 = off)");
+  app.add_option("--loss-scale", o.loss_scale,
+                 "none | dynamic | a fixed scale: backward on loss x scale, steps with inf/NaN "
+                 "gradients skipped; dynamic starts at 65536, halves on such a step, doubles "
+                 "after --loss-scale-window clean steps");
+  app.add_option("--loss-scale-window", o.loss_scale_window,
+                 "clean steps before a dynamic loss scale doubles");
   std::string seed = std::to_string(o.seed);  // parsed below: CLI11 wraps "-1" into a uint64
   app.add_option("--seed", seed, "seed of the initialisation and the random sampler (0 to 2^64-1)");
   app.add_option("--init-from", o.init_from,
@@ -130,6 +136,8 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--debug-stall-at-step", o.debug_stall_at_step)->group("");
   app.add_option("--debug-stall-rank", o.debug_stall_rank)->group("");
   app.add_option("--debug-step-ms", o.debug_step_ms)->group("");
+  app.add_option("--debug-inf-grad-at-step", o.debug_inf_grad_at_step)->group("");
+  app.add_option("--debug-inf-grad-rank", o.debug_inf_grad_rank)->group("");
 
   try {
     app.parse(argc, argv);
@@ -200,6 +208,7 @@ void validate_options(const Options& o) {
   if (o.grad_reduce != "fp32" && o.grad_reduce != "bf16")
     usage_error("--grad-reduce '{}' is not fp32 or bf16", o.grad_reduce);
   parse_sampler(o.sampler);  // throws UsageError naming --sampler
+  o.loss_scaling();          // throws UsageError naming --loss-scale or --loss-scale-window
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
     usage_error("--device '{}' is not auto, cpu or cuda", o.device);
   if (o.precision != "auto" && o.precision != "fp32" && o.precision != "tf32" &&
@@ -232,6 +241,7 @@ std::string settings_fingerprint(const Options& o) {
   s << "batch=" << o.batch << "\ngrad-accum=" << o.grad_accum << "\nsteps=" << o.steps << "\n";
   s << fmt::format("lr={}\nmin-lr={}\nwarmup={}\nwd={}\nbeta1={}\nbeta2={}\neps={}\nclip={}\n",
                    o.lr, o.min_lr, o.warmup, o.wd, o.beta1, o.beta2, o.eps, o.clip);
+  s << "loss-scale=" << o.loss_scale << "\nloss-scale-window=" << o.loss_scale_window << "\n";
   s << "seed=" << o.seed << "\ninit-from=" << o.init_from << "\nresume=" << o.resume << "\n";
   s << "save-every=" << o.save_every << "\nout=" << o.out << "\noverwrite=" << o.overwrite
     << "\neval-every=" << o.eval_every << "\neval-batches=" << o.eval_batches << "\n";

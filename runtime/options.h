@@ -8,6 +8,7 @@
 #include "model/config.h"
 #include "model/replica.h"
 #include "optim/adamw.h"
+#include "optim/loss_scaler.h"
 
 namespace trainer {
 
@@ -25,6 +26,8 @@ struct Options {
   // Optimizer
   double lr = 3e-4, min_lr = -1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, wd = 0.1, clip = 1.0;
   int64_t warmup = 0;
+  std::string loss_scale = "none";  // none | dynamic | a fixed scale (optim/loss_scaler.h)
+  int64_t loss_scale_window = 2000;
   uint64_t seed = 1337;
   // Checkpoints and output
   std::string init_from, resume, out;
@@ -60,6 +63,9 @@ struct Options {
   // Testing hook (hidden): every training step lasts at least this many ms (the ranks sleep after
   // it), so that a tiny model runs for as long as a test of stopping and resuming jobs needs.
   double debug_step_ms = 0;
+  // Testing hook (hidden): one rank's gradients at a step become non-finite (loss scaling tests).
+  int64_t debug_inf_grad_at_step = -1;
+  int debug_inf_grad_rank = 0;
 
   std::vector<std::string> argv;  // the command line, for logs and checkpoints
   std::string help;               // set (and nothing validated) when --help was given
@@ -68,6 +74,7 @@ struct Options {
   DeviceKind device_kind() const;
   Precision precision_kind() const;
   AdamWConfig adamw() const { return {lr, beta1, beta2, eps, wd}; }
+  LossScaleConfig loss_scaling() const { return parse_loss_scale(loss_scale, loss_scale_window); }
 };
 
 // Parses argv; throws UsageError on any bad flag or value. With `--help` it returns at once with

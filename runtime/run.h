@@ -22,6 +22,7 @@
 #endif
 #include "model/replica.h"
 #include "optim/adamw.h"
+#include "optim/loss_scaler.h"
 #include "optim/schedule.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
@@ -178,6 +179,10 @@ class Run {
   std::optional<TokenStream> train_, val_;
   Sampler sampler_;
   LrSchedule schedule_;
+  LossScaler scaler_;
+  int64_t adam_steps_ = 0;     // updates applied (a step skipped by loss scaling applies none)
+  double step_scale_ = 1;      // the loss scale of the last step's backward
+  bool step_skipped_ = false;  // the last step's update was skipped (non-finite gradient)
   std::vector<int32_t> inputs_, targets_;
   int64_t start_step_ = 0;
   // The checkpoint to resume from: --resume, or with --resume latest the newest in --out ("" when

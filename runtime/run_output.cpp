@@ -57,10 +57,15 @@ void Run::open_metrics() {
 }
 
 json Run::run_settings() const {
-  return {{"global_batch", G_}, {"ctx", o_.config.ctx}, {"sampler", o_.sampler},
-          {"seed", o_.seed},    {"world", nranks_},     {"shard_optim", o_.shard_optim},
-          {"lr", o_.lr},        {"min_lr", o_.min_lr},  {"warmup", o_.warmup},
-          {"steps", o_.steps},  {"data", o_.data}};
+  json j = {{"global_batch", G_}, {"ctx", o_.config.ctx}, {"sampler", o_.sampler},
+            {"seed", o_.seed},    {"world", nranks_},     {"shard_optim", o_.shard_optim},
+            {"lr", o_.lr},        {"min_lr", o_.min_lr},  {"warmup", o_.warmup},
+            {"steps", o_.steps},  {"data", o_.data},      {"adam_steps", adam_steps_}};
+  if (scaler_.enabled()) {  // a resumed run continues with the same scale and count
+    j["loss_scale"] = scaler_.scale();
+    j["loss_scale_good_steps"] = scaler_.good_steps();
+  }
+  return j;
 }
 
 void Run::check_metrics_written() {
@@ -90,6 +95,8 @@ void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseT
     json j = {{"step", s + 1},         {"loss", loss},  {"lr", lr},          {"grad_norm", norm},
               {"tokens_per_s", tok_s}, {"step_ms", ms}, {"wall_ms", wall_ms}};
     if (peak > 0) j["mfu"] = mfu;
+    if (scaler_.enabled()) j["loss_scale"] = step_scale_;
+    if (step_skipped_) j["skipped"] = true;
     json per_rank = json::array();
     for (size_t k = 0; k < ranks.size(); ++k) {
       const PhaseTimes& t = ranks[k];
@@ -101,14 +108,19 @@ void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseT
     metrics_ << j.dump() << "\n";
     check_metrics_written();
   }
+  if (step_skipped_)
+    spdlog::info("step {:>5}/{} | gradient not finite at loss scale {:g}: update skipped{}", s + 1,
+                 o_.steps, step_scale_,
+                 scaler_.dynamic() ? fmt::format(", scale now {:g}", scaler_.scale()) : "");
   if ((s + 1) % o_.log_every != 0 && s + 1 != o_.steps && s != start_step_) return;
   std::string timing = fmt::format("step {:.1f} ms (wall {:.1f})", ms, wall_ms);
   if (nranks_ > 1)
     timing += fmt::format(" (ranks min {:.1f} / median {:.1f} / max {:.1f}, slowest rank {})",
                           *std::min_element(step_ms.begin(), step_ms.end()), median(step_ms), ms,
                           slowest);
-  spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s{} | {}",
-               s + 1, o_.steps, loss, lr, norm, tok_s,
+  spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f}{} | {:.0f} tok/s{} | {}",
+               s + 1, o_.steps, loss, lr, norm,
+               scaler_.enabled() ? fmt::format(" | loss scale {:g}", step_scale_) : "", tok_s,
                peak > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "", timing);
 }
 

@@ -235,6 +235,7 @@ int Run::check_inputs() {
             layout_.param_count() / 1e6, need / 1073741824.0, local, have / 1073741824.0);
     }
     schedule_ = LrSchedule{o_.lr, o_.min_lr, o_.warmup, o_.steps};
+    scaler_ = LossScaler(o_.loss_scaling());
     if (!o_.benchmark) schedule_.validate();
   });
   // Every rank must read the same tokens (a shared file system): compare the counts.
@@ -479,6 +480,20 @@ void Run::init_state() {
       copy(opt_->exp_avg(), host_view(m));
       copy(opt_->exp_avg_sq(), host_view(v));
       start_step_ = meta->step;
+      adam_steps_ = meta->step;  // files from before loss scaling: every step was applied
+      const json& run = meta->run;
+      if (run.contains("adam_steps") && run["adam_steps"].is_number_integer())
+        adam_steps_ = run["adam_steps"].get<int64_t>();
+      if (run.contains("loss_scale") && run["loss_scale"].is_number() &&
+          run.contains("loss_scale_good_steps") &&
+          run["loss_scale_good_steps"].is_number_integer()) {
+        const double scale = run["loss_scale"].get<double>();
+        const int64_t good = run["loss_scale_good_steps"].get<int64_t>();
+        if (!(std::isfinite(scale) && scale > 0) || good < 0)
+          usage_error("{}: unreadable loss scale {} after {} clean steps in the metadata", resume_,
+                      run["loss_scale"].dump(), good);
+        scaler_.restore(scale, good);
+      }
       // What decides the data stream (SPEC: the batches are a function of these and the step).
       const json now = run_settings();
       std::string differ;

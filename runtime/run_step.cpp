@@ -4,6 +4,7 @@
 // all-gathers sent part by part and awaited by the next forward.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #ifdef TRAINER_WITH_CUDA
 #include <nvtx3/nvToolsExt.h>
 #endif
@@ -26,7 +27,11 @@ double Run::train_step(int64_t s, PhaseTimes& times, double& grad_norm) {
 void Run::forward_backward(int64_t step, bool backward, bool reduce) {
   const int64_t T = o_.config.ctx;
   const int64_t rows_per_rank = o_.batch * o_.grad_accum;
-  const float scale = 1.0f / static_cast<float>(G_ * T);  // d(mean over G*T tokens)/d(token loss)
+  // d(mean over G*T tokens)/d(token loss), times the loss scale (1 without loss scaling).
+  double loss_scale = scaler_.scale();
+  if (step == o_.debug_inf_grad_at_step && rank_ == o_.debug_inf_grad_rank)
+    loss_scale = std::numeric_limits<double>::infinity();  // every gradient becomes inf or NaN
+  const float scale = static_cast<float>(loss_scale / static_cast<double>(G_ * T));
   for (int64_t k = 0; k < o_.grad_accum; ++k) {
     {
       PhaseScope p(*timer_, Phase::kData);
@@ -116,14 +121,26 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
     timer_->begin(Phase::kOptimizer);
     sq += sum_squares(part_of({split, owned_.size()}), replica_->stream());
     if (gather) sq = world_.sum(sq);
-    grad_norm = std::sqrt(sq);
-    const float clip = clip_scale(grad_norm, o_.clip);
+    // Loss scaling: the gradients are scaled by S; a non-finite one skips the update on every
+    // rank (the reduced gradient is the same on all, and they agree on it besides).
+    step_scale_ = scaler_.scale();
+    step_skipped_ = false;
+    if (scaler_.enabled()) {
+      bool finite = std::isfinite(sq);
+      if (nranks_ > 1 && !gather) finite = world_.max(finite ? 0.0 : 1.0) == 0.0;
+      step_skipped_ = scaler_.update(finite);
+    }
+    grad_norm = std::sqrt(sq) / step_scale_;
+    // The optimizer multiplies the gradients by clip / S: unscaling costs no extra pass.
+    const float multiplier = static_cast<float>(clip_scale(grad_norm, o_.clip) / step_scale_);
+    if (!step_skipped_) ++adam_steps_;
     // ZeRO-1: part k of every rank's slice is all-gathered while part k+1 is updated, and the
     // next forward waits for a part only when it reaches it. Parts run from the end of the slices
     // to their start, the order forward reads the buffer (the embedding is last in it).
-    for (auto part = update_parts_.rbegin(); part != update_parts_.rend(); ++part) {
+    for (auto part = update_parts_.rbegin(); part != update_parts_.rend() && !step_skipped_;
+         ++part) {
       opt_->step_part(*part, part_of(*part), params.slice(part->begin, part->size()),
-                      schedule_.at(s), s + 1, clip, replica_->stream());
+                      schedule_.at(s), adam_steps_, multiplier, replica_->stream());
       if (!gather) continue;
       std::vector<Range> segments;
       int64_t end = 0;

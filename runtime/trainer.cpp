@@ -64,6 +64,8 @@ void Run::train(TrainResult& result, Clock::time_point started) {
     if (!std::isfinite(loss)) runtime_error("loss became {} at step {}", loss, s + 1);
     pace_step(launched);
     result.losses.push_back(loss);
+    result.loss_scales.push_back(step_scale_);
+    result.skipped.push_back(step_skipped_);
     const std::vector<PhaseTimes> ranks = gather_times(times);
     on_rank0([&] {
       result.rank_times.push_back(ranks);

@@ -12,10 +12,12 @@
 namespace trainer {
 
 struct TrainResult {
-  std::vector<double> losses;      // mean training loss of every step run (all ranks agree)
-  std::vector<double> val_losses;  // validation losses, in order
-  std::vector<float> params;       // final fp32 master parameters, whole flat buffer
-  int64_t first_step = 0;          // 0, or the step a resumed run started from
+  std::vector<double> losses;       // mean training loss of every step run (all ranks agree)
+  std::vector<double> val_losses;   // validation losses, in order
+  std::vector<float> params;        // final fp32 master parameters, whole flat buffer
+  std::vector<double> loss_scales;  // the loss scale of every step run (1 without loss scaling)
+  std::vector<bool> skipped;        // steps whose update loss scaling skipped
+  int64_t first_step = 0;           // 0, or the step a resumed run started from
   std::vector<std::vector<PhaseTimes>> rank_times;  // rank 0 only: [step][rank]
   // Training stopped early, after a checkpoint: by this signal, or at --time-limit.
   int stop_signal = 0;

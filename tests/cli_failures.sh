@@ -55,6 +55,10 @@ expect 2 "--wd must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]
 expect 2 "--eps must be a finite number > 0" "$trainer" "${small[@]}" "${data[@]}" --eps 0
 expect 2 "--lr must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --lr nan
 expect 2 "--clip must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --clip -1
+expect 2 "--loss-scale must be none, dynamic or a finite number > 0" "$trainer" "${small[@]}" \
+  "${data[@]}" --loss-scale 0
+expect 2 "--loss-scale-window must be >= 1" "$trainer" "${small[@]}" "${data[@]}" \
+  --loss-scale dynamic --loss-scale-window 0
 expect 2 "--time-limit must be a finite number of minutes >= 0" "$trainer" "${small[@]}" "${data[@]}" \
   --time-limit -5
 expect 2 "--comm-timeout must be positive" "$trainer" "${small[@]}" "${data[@]}" --comm-timeout 0

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comm/mpi_communicator.h"
+#include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/options.h"
 #include "runtime/trainer.h"
@@ -305,4 +306,109 @@ TEST_CASE("a checkpoint written by 2 unsharded ranks resumes on 4 sharded ranks"
   for (size_t s = 0; s < got.losses.size(); ++s)
     REQUIRE_THAT(got.losses[s], WithinRel(ref.losses[s + 5], 1e-5));
   REQUIRE(rel_diff(got.params, ref.params) < 1e-5);
+}
+
+TEST_CASE(
+    "loss scaling: the same updates with finite gradients; a non-finite one skips the step "
+    "on every rank",
+    "[loss-scale]") {
+  spdlog::set_level(spdlog::level::err);
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int w = world.world();
+  const TrainResult& ref = reference();
+  const std::string ddp = w == 1 ? "none" : "bucketed";
+#ifdef TEST_ON_GPU
+  const bool exact = false;  // GPU kernels may order sums differently between runs
+#else
+  const bool exact = true;  // powers of two scale exactly: the very same arithmetic
+#endif
+
+  // Dynamic scaling with finite gradients, window 3: 2^16, doubled after every 3 clean steps.
+  for (bool shard : {false, true}) {
+    for (int accum : {1, 2}) {
+      std::vector<std::string> args = {"--ddp",
+                                       ddp,
+                                       "--batch",
+                                       std::to_string(kGlobalBatch / (w * accum)),
+                                       "--grad-accum",
+                                       std::to_string(accum),
+                                       "--loss-scale",
+                                       "dynamic",
+                                       "--loss-scale-window",
+                                       "3",
+                                       "--bucket-mb",
+                                       "0.01"};
+      if (shard) args.push_back("--shard-optim");
+      INFO("world " << w << (shard ? " --shard-optim" : "") << " --grad-accum " << accum);
+      const TrainResult got = run_training(make_options(args), world, /*keep_params=*/true);
+      REQUIRE(got.loss_scales.size() == kSteps);
+      for (int s = 0; s < kSteps; ++s) {
+        CHECK(got.loss_scales[s] == 65536.0 * (1 << (s / 3)));
+        CHECK(!got.skipped[s]);
+      }
+      if (exact && w == 1 && !shard && accum == 1)
+        REQUIRE(got.params == ref.params);
+      else
+        REQUIRE(rel_diff(got.params, ref.params) < 1e-5);
+    }
+  }
+
+  // The last rank's gradients at step 4 (0-based) are made non-finite. With loss scaling every
+  // rank skips that update: 5 steps end where 4 steps end (a constant learning rate after the
+  // warm-up, so the schedules agree), moments and the AdamW step count included, and the scale
+  // halves. Without it the run fails with a non-finite loss.
+  const std::string out = scratch() + "/skip_w" + std::to_string(w);
+  for (bool shard : {false, true}) {
+    std::vector<std::string> common = {
+        "--ddp",    ddp,    "--batch",      std::to_string(kGlobalBatch / w),
+        "--min-lr", "3e-3", "--loss-scale", "dynamic"};
+    if (shard) common.push_back("--shard-optim");
+    auto with = [&](std::vector<std::string> more) {
+      more.insert(more.begin(), common.begin(), common.end());
+      return make_options(more);
+    };
+    INFO("world " << w << (shard ? " --shard-optim" : ""));
+    const TrainResult four =
+        run_training(with({"--steps", "4", "--out", out + "_4", "--overwrite"}), world, true);
+    const TrainResult five = run_training(
+        with({"--steps", "5", "--out", out + "_5", "--overwrite", "--debug-inf-grad-at-step", "4",
+              "--debug-inf-grad-rank", std::to_string(w - 1)}),
+        world, true);
+    REQUIRE(five.skipped == std::vector<bool>{false, false, false, false, true});
+    CHECK(five.loss_scales.back() == 65536.0);
+    if (exact)
+      REQUIRE(five.params == four.params);
+    else
+      REQUIRE(rel_diff(five.params, four.params) < 1e-6);
+    world.barrier();
+    const Options o = with({});
+    const ParamLayout L(o.config);
+    std::vector<float> p4(L.total()), m4(L.total()), v4(L.total());
+    std::vector<float> p5(L.total()), m5(L.total()), v5(L.total());
+    const CheckpointMeta meta4 =
+        load_checkpoint(out + "_4/step_4", L, o.config, p4.data(), m4.data(), v4.data());
+    const CheckpointMeta meta5 =
+        load_checkpoint(out + "_5/step_5", L, o.config, p5.data(), m5.data(), v5.data());
+    CHECK(meta4.run["adam_steps"] == 4);
+    CHECK(meta5.run["adam_steps"] == 4);
+    CHECK(meta4.run["loss_scale"] == 65536.0);
+    CHECK(meta5.run["loss_scale"] == 32768.0);
+    if (exact) {
+      CHECK(p5 == p4);
+      CHECK(m5 == m4);
+      CHECK(v5 == v4);
+    }
+    // A resumed run continues from the halved scale and the checkpoint's AdamW step count.
+    const TrainResult resumed =
+        run_training(with({"--steps", "6", "--resume", out + "_5/step_5"}), world, true);
+    REQUIRE(resumed.loss_scales.size() == 1);
+    CHECK(resumed.loss_scales[0] == 32768.0);
+    world.barrier();
+  }
+  REQUIRE_THROWS_WITH(
+      run_training(make_options({"--ddp", ddp, "--batch", std::to_string(kGlobalBatch / w),
+                                 "--debug-inf-grad-at-step", "2", "--debug-inf-grad-rank",
+                                 std::to_string(w - 1)}),
+                   world),
+      Catch::Matchers::Contains("loss became"));
 }

@@ -9,6 +9,7 @@
 #include "core/device_buffer.h"
 #include "optim/adamw.h"
 #include "optim/cuda/adamw.cuh"
+#include "optim/loss_scaler.h"
 #include "optim/schedule.h"
 #include "tests/catch.h"
 
@@ -325,4 +326,73 @@ TEST_CASE("cast_f32_to_params rounds to nearest even and copies fp32") {
   cast_f32_to_params(cpu_view(src), cpu_view(f32));
   CHECK(std::memcmp(f32.data(), src.data(), src.size() * sizeof(float)) == 0);
   REQUIRE_THROWS_AS(cast_f32_to_params(cpu_view(src), cpu_view(f32).slice(0, 3)), RuntimeError);
+}
+
+TEST_CASE("loss scaler: PyTorch GradScaler's dynamic rule, fixed scales, refusals") {
+  SECTION(
+      "dynamic: 2^16, doubled after `window` clean steps, halved and the step skipped on a "
+      "non-finite one") {
+    LossScaler s(parse_loss_scale("dynamic", 3));
+    CHECK(s.enabled());
+    CHECK(s.scale() == 65536.0);
+    CHECK(!s.update(true));
+    CHECK(!s.update(true));
+    CHECK(s.scale() == 65536.0);
+    CHECK(!s.update(true));  // the third clean step in a row
+    CHECK(s.scale() == 131072.0);
+    CHECK(s.good_steps() == 0);
+    CHECK(!s.update(true));
+    CHECK(s.update(false));  // skipped; the count starts again
+    CHECK(s.scale() == 65536.0);
+    CHECK(s.good_steps() == 0);
+    CHECK(!s.update(true));
+    CHECK(!s.update(true));
+    CHECK(s.scale() == 65536.0);
+    CHECK(!s.update(true));
+    CHECK(s.scale() == 131072.0);
+  }
+  SECTION("a dynamic scale that keeps falling stops the run") {
+    LossScaler s(parse_loss_scale("dynamic", 2000));
+    int skipped = 0;
+    CHECK_THROWS_AS(
+        [&] {
+          while (s.update(false)) ++skipped;
+        }(),
+        RuntimeError);
+    CHECK(skipped == 16 + 64);  // halvings from 2^16 down to 2^-64, the smallest scale kept
+  }
+  SECTION("restore continues a checkpoint's scale and count, cut to this run's window") {
+    LossScaler s(parse_loss_scale("dynamic", 4));
+    s.restore(1024.0, 2);
+    CHECK(s.scale() == 1024.0);
+    CHECK(!s.update(true));
+    CHECK(!s.update(true));
+    CHECK(s.scale() == 2048.0);
+    s.restore(8.0, 1999);  // written with window 2000
+    CHECK(s.good_steps() == 3);
+    CHECK(!s.update(true));
+    CHECK(s.scale() == 16.0);
+  }
+  SECTION("a fixed scale never changes but still skips non-finite steps") {
+    LossScaler s(parse_loss_scale("1024", 2000));
+    CHECK(!s.dynamic());
+    CHECK(s.scale() == 1024.0);
+    CHECK(s.update(false));
+    for (int i = 0; i < 5000; ++i) s.update(true);
+    CHECK(s.scale() == 1024.0);
+    s.restore(2.0, 0);  // ignored: the user's scale
+    CHECK(s.scale() == 1024.0);
+  }
+  SECTION("none: scale 1, nothing checked or skipped") {
+    LossScaler s(parse_loss_scale("none", 2000));
+    CHECK(!s.enabled());
+    CHECK(s.scale() == 1.0);
+    CHECK(!s.update(false));
+  }
+  SECTION("bad values are refused by flag") {
+    for (const char* bad : {"", "0", "-4", "inf", "nan", "dynamc", "12x"})
+      CHECK_THROWS_WITH(parse_loss_scale(bad, 2000), Catch::Matchers::Contains("--loss-scale"));
+    CHECK_THROWS_WITH(parse_loss_scale("dynamic", 0),
+                      Catch::Matchers::Contains("--loss-scale-window"));
+  }
 }
