@@ -240,10 +240,11 @@ def read_comm_bench(paths):
     return rows
 
 
-def fit_latency_bandwidth(counts, loads, ys):
+def fit_latency_bandwidth(counts, loads, ys, intercept=False):
     """y = a * count + b * load with a >= 0, least squares in relative error (every row counts
     alike): a is a latency per call, b an inverse bandwidth. When a cannot be told apart from b
-    (one row, or every row the same count) or would be negative, a = 0 and b alone is fitted."""
+    (one row, or every row the same count, unless `intercept`: rows of one call each whose sizes
+    differ, as comm_bench's) or would be negative, a = 0 and b alone is fitted."""
     w = [1.0 / (y * y) for y in ys]
     a11 = sum(wi * c * c for wi, c in zip(w, counts))
     a12 = sum(wi * c * x for wi, c, x in zip(w, counts, loads))
@@ -251,7 +252,7 @@ def fit_latency_bandwidth(counts, loads, ys):
     b1 = sum(wi * c * y for wi, c, y in zip(w, counts, ys))
     b2 = sum(wi * x * y for wi, x, y in zip(w, loads, ys))
     det = a11 * a22 - a12 * a12
-    if len(set(counts)) > 1 and abs(det) > 1e-12 * a11 * a22:
+    if (intercept or len(set(counts)) > 1) and abs(det) > 1e-12 * a11 * a22:
         a, b = (a22 * b1 - a12 * b2) / det, (a11 * b2 - a12 * b1) / det
         if a >= 0:
             return a, b
@@ -272,7 +273,7 @@ def link_from_comm_bench(name, paths, dtype="fp32", min_bytes=0, hop=0.0):
             die(f"{name}: {op} rows of several world sizes; give one world size per link")
         xs = [bus_factor(op, n) * float(r["bytes"]) for r in rs]
         ys = [float(r["median_us"]) for r in rs]
-        a, b = fit_latency_bandwidth([1] * len(rs), xs, ys)
+        a, b = fit_latency_bandwidth([1] * len(rs), xs, ys, intercept=True)
         base[op], bw[op] = max(0.0, a - ring_steps(op, n) * hop), 1e-3 / b if b > 0 else 1e30
     if "all_reduce" not in base:
         die(f"{name}: no all_reduce rows in {', '.join(paths)}")
