@@ -8,6 +8,7 @@
 
 #include "model/config.h"
 #include "model/layout.h"
+#include "model/recompute.h"
 #include "model/replica.h"
 
 namespace trainer::cpu {
@@ -16,7 +17,9 @@ template <typename T>
 class CpuTransformer {
  public:
   // Allocates every activation and backward scratch buffer once, for max_batch rows of c.ctx.
-  CpuTransformer(const ModelConfig& c, int64_t max_batch);
+  // With recompute kFfn or kBlock, what backward recomputes (model/recompute.h) has one buffer for
+  // a single block, shared by all blocks, instead of one per block.
+  CpuTransformer(const ModelConfig& c, int64_t max_batch, Recompute recompute = Recompute::kNone);
 
   // Runs the model on B rows of `seq` token ids (row-major (B, seq)); `params` is a flat buffer of
   // ParamLayout(c). Keeps what backward needs and copies the ids. Returns the mean token loss over
@@ -33,15 +36,19 @@ class CpuTransformer {
   // the flat buffer `grads` (same layout as params). Tensor i of layout().tensors() is final when
   // ready(i) is called; calls come once per tensor in increasing i, which is the order backward
   // computes them: lm_head, ln_final, each block from the last, token_embeddings.
-  // `params` must be the buffer the last forward used.
+  // `params` must be the buffer the last forward used, still holding the values it read: the
+  // recomputation of model/recompute.h rereads them. Recomputing announces nothing and gives the
+  // same gradients, bit for bit, as Recompute::kNone.
   void backward(const T* params, T* grads, T scale, const GradReadyFn& ready);
 
-  // Bytes of everything this object allocated: activations kept for backward plus backward scratch.
+  // Bytes of everything this object allocated: activations kept for backward, the recompute
+  // buffer of one block, and backward scratch.
   int64_t activation_bytes() const;
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
   int64_t max_batch() const { return max_batch_; }
+  Recompute recompute() const { return recompute_; }
 
  private:
   // Offsets (into the flat buffers) and indices (into layout().tensors()) of one block's tensors.
@@ -49,7 +56,8 @@ class CpuTransformer {
     int64_t ln1, q, k, v, o, ln2, w1, w2, w3;
     int i_ln1, i_q, i_k, i_v, i_o, i_ln2, i_w1, i_w2, i_w3;
   };
-  // What a block's backward needs, all for the rows of the last forward.
+  // What a block's backward needs, all for the rows of the last forward. A per-block BlockActs
+  // holds only what the recompute mode keeps; the other vectors are left empty.
   struct BlockActs {
     std::vector<T> x;           // (n, d)  block input (residual stream)
     std::vector<T> ln1, rstd1;  // (n, d), (n)
@@ -60,10 +68,22 @@ class CpuTransformer {
     std::vector<T> ln2, rstd2;  // (n, d), (n)
     std::vector<T> a, b, g;     // (n, f)  w1 x, w3 x, silu(a) * b
   };
+  // Where block l's activations are: in acts_[l] for what the mode keeps, in recomputed_ for the
+  // rest.
+  struct BlockView {
+    T *x, *ln1, *rstd1, *q, *k, *v, *probs, *att, *h, *ln2, *rstd2, *a, *b, *g;
+  };
+  BlockView view(size_t l);
+
+  // Block l's forward on the rows of the last forward, in two parts that backward reruns: ln1 to h,
+  // then ln2 to g. Announces nothing.
+  void attention_half_forward(const T* params, size_t l, const BlockView& a);
+  void ffn_inputs_forward(const T* params, size_t l, const BlockView& a);
 
   ModelConfig cfg_;
   ParamLayout layout_;
   int64_t max_batch_;
+  Recompute recompute_;
   std::vector<BlockParams> blocks_;
   int64_t off_emb_, off_lnf_, off_head_;
   int i_emb_, i_lnf_, i_head_;
@@ -73,6 +93,8 @@ class CpuTransformer {
   bool have_targets_ = false;
   std::vector<int32_t> inputs_, targets_;
   std::vector<BlockActs> acts_;
+  BlockActs recomputed_;            // kFfn, kBlock: what is not kept, for one block at a time
+  size_t recomputed_block_ = 0;     // the block recomputed_ holds (the last one after forward)
   std::vector<T> xf_;               // (n, d) output of the last block
   std::vector<T> lnf_, rstdf_;      // (n, d), (n)
   std::vector<T> logits_, losses_;  // (n, V), (n)
