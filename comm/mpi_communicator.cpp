@@ -43,6 +43,8 @@ MPI_Datatype mpi_type(DType t) {
       return MPI_DOUBLE;
     case DType::kBF16:
       return MPI_UINT16_T;  // moved as bits; summed by bf16_sum below
+    case DType::kF16:
+      break;  // only CUDA runs in fp16, and its device buffers go through NCCL
   }
   runtime_error("MPI collectives on {} buffers are not supported", dtype_name(t));
 }

@@ -35,6 +35,8 @@ ncclDataType_t nccl_type(DType t) {
       return ncclFloat32;
     case DType::kBF16:
       return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;  // fp16 parameters under ZeRO-1's all-gather
     case DType::kF64:
       return ncclFloat64;
   }

@@ -10,13 +10,15 @@
 namespace trainer {
 
 enum class DeviceKind { kCpu, kCuda };
-enum class DType { kF32, kBF16, kF64 };
+// kF16: IEEE binary16, the working parameters and activations of --precision fp16.
+enum class DType { kF32, kBF16, kF64, kF16 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
     case DType::kF32:
       return 4;
     case DType::kBF16:
+    case DType::kF16:
       return 2;
     case DType::kF64:
       return 8;
@@ -30,6 +32,8 @@ inline const char* dtype_name(DType t) {
       return "f32";
     case DType::kBF16:
       return "bf16";
+    case DType::kF16:
+      return "f16";
     case DType::kF64:
       return "f64";
   }

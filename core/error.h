@@ -30,8 +30,9 @@ class RuntimeError : public std::runtime_error {
 
 // What to try when a run does not fit in memory (host or GPU), for the messages that say so.
 inline constexpr const char* kOutOfMemoryAdvice =
-    "reduce --batch (raise --grad-accum to keep the global batch), --ctx or the model, or spread "
-    "the optimizer state over more ranks with --shard-optim";
+    "reduce --batch (raise --grad-accum to keep the global batch), --ctx or the model, keep fewer "
+    "activations with --recompute ffn or block, or spread the optimizer state over more ranks "
+    "with --shard-optim";
 
 template <typename... Args>
 [[noreturn]] void usage_error(fmt::format_string<Args...> f, Args&&... args) {

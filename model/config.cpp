@@ -79,10 +79,24 @@ double flops_per_token(const ModelConfig& c, int64_t ctx) {
          6.0 * static_cast<double>(c.n_layers * c.d_model * ctx);
 }
 
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kTf32:
+      return "tf32";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+  }
+  return "?";
+}
+
 double peak_tflops(const std::string& gpu_name, Precision p) {
   struct Peak {
     const char* name_part;
-    double bf16, tf32, fp32;
+    double bf16, tf32, fp32;  // the fp16 tensor-core peak equals bf16's
   };
   // Most specific names first: "H100 PCIe" and "H100 NVL" also contain "H100"; "H200" matches
   // the GH200 too.
@@ -95,6 +109,7 @@ double peak_tflops(const std::string& gpu_name, Precision p) {
     if (gpu_name.find(k.name_part) == std::string::npos) continue;
     switch (p) {
       case Precision::kBf16:
+      case Precision::kFp16:
         return k.bf16;
       case Precision::kTf32:
         return k.tf32;

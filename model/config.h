@@ -36,11 +36,17 @@ int64_t matmul_param_count(const ModelConfig& c);
 // Training FLOPs per token as ANCHORS.md counts them: 6 * matmul params + 6 * layers * d * ctx.
 double flops_per_token(const ModelConfig& c, int64_t ctx);
 
-enum class Precision { kFp32, kTf32, kBf16 };
+// kBf16 and kFp16 (CUDA only): 16-bit weights and activations on the tensor cores with fp32
+// accumulation, fp32 gradients (bf16 ones only for --grad-transport ce --grad-reduce bf16), fp32
+// master weights and AdamW state.
+enum class Precision { kFp32, kTf32, kBf16, kFp16 };
+
+// "fp32", "tf32", "bf16" or "fp16", as --precision spells it.
+const char* precision_name(Precision p);
 
 // Dense peak TFLOP/s of one GPU at this precision (the datasheet's figure without sparsity), for
 // MFU: found by the CUDA device name for the H100 / H200 / GH200 (SXM), H100 PCIe and NVL, and
-// A100; 0 for any other name.
+// A100; 0 for any other name. fp16 and bf16 share a peak on these GPUs.
 double peak_tflops(const std::string& gpu_name, Precision p);
 
 std::string describe(const ModelConfig& c);

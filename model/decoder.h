@@ -4,7 +4,7 @@
 //
 // A decoder computes, at every position, what the training forward computes there: the CPU
 // decoder shares the reference's row kernels (its logits equal CpuTransformer's bit for bit), the
-// CUDA decoder runs the replica's kernels and precision (bf16 weights and activations, fp32
+// CUDA decoder runs the replica's kernels and precision (bf16 or fp16 weights and activations, fp32
 // statistics and logits) with an attention kernel for a few queries over a long cache.
 #pragma once
 
@@ -44,9 +44,9 @@ void check_feed(const ModelConfig& c, int64_t position, const int32_t* ids, int6
 // The CPU decoder (fp32) over a flat fp32 parameter buffer of ParamLayout(c), which is copied.
 std::unique_ptr<Decoder> make_cpu_decoder(const ModelConfig& c, const float* params);
 
-// The CUDA decoder on GPU `device`: parameters rounded to bf16 (Precision::kBf16) or kept fp32
-// (kFp32; kTf32 is refused). Throws UsageError in a build without CUDA, or when the weights and
-// the cache do not fit in the GPU's free memory.
+// The CUDA decoder on GPU `device`: parameters rounded to bf16 (Precision::kBf16) or fp16
+// (kFp16), or kept fp32 (kFp32; kTf32 is refused). Throws UsageError in a build without CUDA, or
+// when the weights and the cache do not fit in the GPU's free memory.
 std::unique_ptr<Decoder> make_cuda_decoder(const ModelConfig& c, const float* params,
                                            Precision precision, int device);
 

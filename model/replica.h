@@ -12,6 +12,7 @@
 #include "core/buffer.h"
 #include "model/config.h"
 #include "model/layout.h"
+#include "model/recompute.h"
 
 namespace trainer {
 
@@ -47,6 +48,8 @@ struct ReplicaOptions {
   // CUDA: bf16 copies of the whole gradient that the communicator will hold (one per peer),
   // counted in the fit check.
   int64_t grad_copies = 0;
+  // What forward keeps for backward and what backward recomputes (model/recompute.h).
+  Recompute recompute = Recompute::kNone;
 };
 
 // A micro-batch in host memory: `batch` rows of `seq` token ids each.
@@ -65,7 +68,7 @@ class Replica {
   virtual const ModelConfig& config() const = 0;
   virtual const ParamLayout& layout() const = 0;
 
-  // Working parameters (what forward reads: fp32 on the CPU, bf16 or fp32 on CUDA) and the
+  // Working parameters (what forward reads: fp32 on the CPU, bf16, fp16 or fp32 on CUDA) and the
   // gradient accumulator (ReplicaOptions::grad_dtype); both are flat buffers of
   // ReplicaOptions::flat_elems elements.
   virtual BufferView params() = 0;

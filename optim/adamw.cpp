@@ -121,23 +121,24 @@ void AdamW::step_part(Range part, const GradTerms& grads, BufferView params_out,
                 "AdamW part [{}, {}) of {} elements", part.begin, part.end, count_);
   check_terms(grads, part.size(), device_);
   check_view(params_out, part.size(), device_, "parameter view");
-  TRAINER_CHECK(params_out.dtype == DType::kF32 || params_out.dtype == DType::kBF16,
-                "AdamW writes f32 or bf16 parameters, not {}", dtype_name(params_out.dtype));
+  TRAINER_CHECK(params_out.dtype == DType::kF32 || params_out.dtype == DType::kBF16 ||
+                    params_out.dtype == DType::kF16,
+                "AdamW writes f32, bf16 or f16 parameters, not {}", dtype_name(params_out.dtype));
   if (part.empty()) return;
   const AdamWStepArgs a = make_step_args(cfg_, lr, t, grad_scale);
   float* p = master_.as<float>() + part.begin;
   float* m = exp_avg_.as<float>() + part.begin;
   float* v = exp_avg_sq_.as<float>() + part.begin;
   const int64_t n = part.size();
-  const bool out_bf16 = params_out.dtype == DType::kBF16;
+  const DType out_type = params_out.dtype;
 
   if (device_ == DeviceKind::kCuda) {
 #ifdef TRAINER_WITH_CUDA
     if (grads[0].dtype == DType::kF32)
-      cuda::adamw_step(p, m, v, grads[0].as<const float>(), params_out.data, out_bf16, n, a,
+      cuda::adamw_step(p, m, v, grads[0].as<const float>(), params_out.data, out_type, n, a,
                        stream);
     else
-      cuda::adamw_step(p, m, v, bf16_terms(grads), params_out.data, out_bf16, n, a, stream);
+      cuda::adamw_step(p, m, v, bf16_terms(grads), params_out.data, out_type, n, a, stream);
     return;
 #else
     (void)stream;
@@ -145,20 +146,23 @@ void AdamW::step_part(Range part, const GradTerms& grads, BufferView params_out,
 #endif
   }
   with_gradient(grads, [&](auto g) {
-    if (out_bf16) {
-      uint16_t* out = params_out.as<uint16_t>();
+    // The update loop, storing each new master value through `store(i, p)`.
+    auto update = [&](auto store) {
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         adamw_update(p[i], m[i], v[i], g(i), a);
-        out[i] = f32_to_bf16_bits(p[i]);
+        store(i, p[i]);
       }
-    } else {
+    };
+    if (out_type == DType::kF32) {
       float* out = params_out.as<float>();
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        adamw_update(p[i], m[i], v[i], g(i), a);
-        out[i] = p[i];
-      }
+      update([out](int64_t i, float x) { out[i] = x; });
+    } else {
+      uint16_t* out = params_out.as<uint16_t>();
+      if (out_type == DType::kBF16)
+        update([out](int64_t i, float x) { out[i] = f32_to_bf16_bits(x); });
+      else
+        update([out](int64_t i, float x) { out[i] = f32_to_f16_bits(x); });
     }
   });
 }
@@ -208,8 +212,8 @@ double sum_squares(const GradTerms& x, void* stream) {
 void cast_f32_to_params(BufferView src_f32, BufferView dst, void* stream) {
   TRAINER_CHECK(src_f32.dtype == DType::kF32, "cast source is {}, needs f32",
                 dtype_name(src_f32.dtype));
-  TRAINER_CHECK(dst.dtype == DType::kF32 || dst.dtype == DType::kBF16,
-                "cast target is {}, needs f32 or bf16", dtype_name(dst.dtype));
+  TRAINER_CHECK(dst.dtype == DType::kF32 || dst.dtype == DType::kBF16 || dst.dtype == DType::kF16,
+                "cast target is {}, needs f32, bf16 or f16", dtype_name(dst.dtype));
   TRAINER_CHECK(src_f32.count == dst.count, "cast of {} elements into {}", src_f32.count,
                 dst.count);
   TRAINER_CHECK(src_f32.device == dst.device, "cast between different devices");
@@ -220,8 +224,10 @@ void cast_f32_to_params(BufferView src_f32, BufferView dst, void* stream) {
 #ifdef TRAINER_WITH_CUDA
     if (dst.dtype == DType::kF32)
       cuda::copy_async(dst.data, src_f32.data, dst.bytes(), stream);
-    else
+    else if (dst.dtype == DType::kBF16)
       cuda::cast_f32_to_bf16(src_f32.as<const float>(), dst.as<uint16_t>(), n, stream);
+    else
+      cuda::cast_f32_to_f16(src_f32.as<const float>(), dst.as<uint16_t>(), n, stream);
     return;
 #else
     (void)stream;
@@ -234,8 +240,13 @@ void cast_f32_to_params(BufferView src_f32, BufferView dst, void* stream) {
   }
   const float* src = src_f32.as<const float>();
   uint16_t* out = dst.as<uint16_t>();
+  if (dst.dtype == DType::kBF16) {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16_bits(src[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16_bits(src[i]);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16_bits(src[i]);
+  }
 }
 
 }  // namespace trainer

@@ -56,10 +56,10 @@ class AdamW {
 
   // One step (t >= 1) with learning rate lr: grads (fp32, count elements, multiplied by grad_scale
   // first — that is how clipping is applied), then the updated master is written into params_out
-  // (fp32 or bf16, count elements; round-to-nearest-even for bf16). stream: cudaStream_t or
-  // nullptr. On CUDA the call is asynchronous on `stream`; on the CPU it returns when done. All
-  // views must be on this optimizer's device. cfg.lr is not used here: the schedule's lr is passed
-  // in.
+  // (fp32, bf16 or fp16, count elements; round-to-nearest-even for the 16-bit types). stream:
+  // cudaStream_t or nullptr. On CUDA the call is asynchronous on `stream`; on the CPU it returns
+  // when done. All views must be on this optimizer's device. cfg.lr is not used here: the
+  // schedule's lr is passed in.
   void step(BufferView grads, BufferView params_out, double lr, int64_t t, float grad_scale,
             void* stream = nullptr);
   // The same update for elements [part.begin, part.end) of this optimizer's range only; grads and
@@ -85,9 +85,9 @@ double sum_squares(BufferView x, void* stream = nullptr);
 // The sum of squares of the gradient the terms add up to (each element summed first, in order).
 double sum_squares(const GradTerms& x, void* stream = nullptr);
 
-// dst = src, where src is fp32 and dst fp32 (a copy) or bf16 (round-to-nearest-even, NaN -> the
-// canonical 0x7FFF); both on the same device, same count. Refreshes working parameters from fp32
-// masters. Asynchronous on `stream` (cudaStream_t or nullptr) on CUDA.
+// dst = src, where src is fp32 and dst fp32 (a copy), bf16 or fp16 (round-to-nearest-even, NaN ->
+// the canonical 0x7FFF of either type); both on the same device, same count. Refreshes working
+// parameters from fp32 masters. Asynchronous on `stream` (cudaStream_t or nullptr) on CUDA.
 void cast_f32_to_params(BufferView src_f32, BufferView dst, void* stream = nullptr);
 
 }  // namespace trainer

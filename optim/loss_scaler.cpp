@@ -8,20 +8,20 @@
 
 namespace trainer {
 
-LossScaleConfig parse_loss_scale(const std::string& spec, int64_t window) {
+LossScaleConfig parse_loss_scale(const std::string& spec, int64_t window, bool fp16) {
   if (window < 1) usage_error("--loss-scale-window must be >= 1 (got {})", window);
   LossScaleConfig c;
   c.window = window;
-  if (spec == "none") return c;
+  if (spec == "none" || (spec == "auto" && !fp16)) return c;
   c.enabled = true;
-  if (spec == "dynamic") {
+  if (spec == "dynamic" || spec == "auto") {
     c.dynamic = true;
     return c;
   }
   char* end = nullptr;
   const double v = std::strtod(spec.c_str(), &end);
   if (spec.empty() || *end != '\0' || !std::isfinite(v) || v <= 0)
-    usage_error("--loss-scale must be none, dynamic or a finite number > 0 (got '{}')", spec);
+    usage_error("--loss-scale must be auto, none, dynamic or a finite number > 0 (got '{}')", spec);
   c.initial = v;
   return c;
 }

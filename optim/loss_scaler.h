@@ -3,10 +3,11 @@
 // Backward runs on loss * S, so that small gradients survive fp16's narrow range; the optimizer
 // divides by S again (as part of its gradient multiplier, so the gradients are not read an extra
 // time). A step whose gradient holds an inf or NaN is skipped: no parameter, moment or step count
-// changes. Dynamic scaling (--loss-scale dynamic) starts at S = 2^16, halves S on such a step and
-// doubles it after `window` consecutive clean steps (--loss-scale-window, default 2000); a fixed
-// scale (--loss-scale 1024) never changes, but still skips non-finite steps. Powers of two scale
-// exactly: with finite gradients a scaled run computes the same updates as an unscaled one.
+// changes. Dynamic scaling (--loss-scale dynamic, what "auto" means with --precision fp16) starts
+// at S = 2^16, halves S on such a step and doubles it after `window` consecutive clean steps
+// (--loss-scale-window, default 2000); a fixed scale (--loss-scale 1024) never changes, but still
+// skips non-finite steps. Powers of two scale exactly: with finite gradients a scaled run computes
+// the same updates as an unscaled one.
 #pragma once
 
 #include <cstdint>
@@ -21,9 +22,10 @@ struct LossScaleConfig {
   int64_t window = 2000;
 };
 
-// "none", "dynamic" or a fixed scale (a finite number > 0); window >= 1. UsageError naming the
-// flag otherwise.
-LossScaleConfig parse_loss_scale(const std::string& spec, int64_t window);
+// "auto", "none", "dynamic" or a fixed scale (a finite number > 0); window >= 1. UsageError
+// naming the flag otherwise. "auto" is dynamic when the backward runs in fp16 (`fp16`), whose
+// small gradients underflow unscaled, and none otherwise (bf16 has fp32's range).
+LossScaleConfig parse_loss_scale(const std::string& spec, int64_t window, bool fp16 = false);
 
 class LossScaler {
  public:

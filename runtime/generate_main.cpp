@@ -140,7 +140,8 @@ int main(int argc, char** argv) {
   app.add_option("--samples", samples, "number of samples")->capture_default_str();
   app.add_option("--device", device, "auto (a GPU when there is one), cpu or cuda")
       ->capture_default_str();
-  app.add_option("--precision", precision, "auto (bf16 on a GPU, fp32 on the CPU), bf16 or fp32")
+  app.add_option("--precision", precision,
+                 "auto (bf16 on a GPU, fp32 on the CPU), bf16, fp16 or fp32")
       ->capture_default_str();
   app.add_option("--gpu", gpu, "GPU index")->capture_default_str();
   app.add_option("--eot", eot, "end-of-text token: a sample stops after it")->capture_default_str();
@@ -155,8 +156,8 @@ int main(int argc, char** argv) {
     if (device != "cpu" && device != "cuda")
       usage_error("--device must be auto, cpu or cuda (got '{}')", device);
     if (precision == "auto") precision = device == "cuda" ? "bf16" : "fp32";
-    if (precision != "bf16" && precision != "fp32")
-      usage_error("--precision must be auto, bf16 or fp32 (got '{}')", precision);
+    if (precision != "bf16" && precision != "fp16" && precision != "fp32")
+      usage_error("--precision must be auto, bf16, fp16 or fp32 (got '{}')", precision);
     if (device == "cpu" && precision != "fp32")
       usage_error("--precision {}: the CPU decoder computes in fp32", precision);
 
@@ -182,10 +183,12 @@ int main(int argc, char** argv) {
     std::vector<float> params(layout.total(), 0.0f);
     load_model(path, layout, c, params.data());
     const std::unique_ptr<Decoder> decoder =
-        device == "cuda"
-            ? make_cuda_decoder(c, params.data(),
-                                precision == "bf16" ? Precision::kBf16 : Precision::kFp32, gpu)
-            : make_cpu_decoder(c, params.data());
+        device == "cuda" ? make_cuda_decoder(c, params.data(),
+                                             precision == "bf16"   ? Precision::kBf16
+                                             : precision == "fp16" ? Precision::kFp16
+                                                                   : Precision::kFp32,
+                                             gpu)
+                         : make_cpu_decoder(c, params.data());
     params = {};
     if (!quiet)
       std::fprintf(stderr, "generate: %s, %s; tokenizer %s; prompt %zu tokens\n",

@@ -14,6 +14,7 @@
 #include "core/device_buffer.h"
 #include "core/error.h"
 #include "core/parse.h"
+#include "model/recompute.h"
 #include "runtime/data.h"
 
 namespace trainer {
@@ -28,6 +29,7 @@ Precision Options::precision_kind() const {
   if (precision == "fp32") return Precision::kFp32;
   if (precision == "tf32") return Precision::kTf32;
   if (precision == "bf16") return Precision::kBf16;
+  if (precision == "fp16") return Precision::kFp16;
   return device_kind() == DeviceKind::kCuda ? Precision::kBf16 : Precision::kFp32;
 }
 
@@ -73,9 +75,10 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--eps", o.eps, "AdamW epsilon");
   app.add_option("--clip", o.clip, "global gradient-norm clip (0 = off)");
   app.add_option("--loss-scale", o.loss_scale,
-                 "none | dynamic | a fixed scale: backward on loss x scale, steps with inf/NaN "
-                 "gradients skipped; dynamic starts at 65536, halves on such a step, doubles "
-                 "after --loss-scale-window clean steps");
+                 "auto | none | dynamic | a fixed scale: backward on loss x scale, steps with "
+                 "inf/NaN gradients skipped; dynamic starts at 65536, halves on such a step, "
+                 "doubles after --loss-scale-window clean steps (auto: dynamic with --precision "
+                 "fp16, else none)");
   app.add_option("--loss-scale-window", o.loss_scale_window,
                  "clean steps before a dynamic loss scale doubles");
   std::string seed = std::to_string(o.seed);  // parsed below: CLI11 wraps "-1" into a uint64
@@ -101,8 +104,14 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--eval-every", o.eval_every, "validation loss every N steps (0 = only at end)");
   app.add_option("--eval-batches", o.eval_batches, "global batches per validation pass");
   app.add_option("--device", o.device, "auto | cpu | cuda (auto: cuda when a GPU is visible)");
-  app.add_option("--precision", o.precision, "auto | fp32 | tf32 | bf16 (auto: bf16 on cuda)");
+  app.add_option("--precision", o.precision,
+                 "auto | fp32 | tf32 | bf16 | fp16 (auto: bf16 on cuda; bf16 and fp16: 16-bit "
+                 "weights and activations, fp32 gradients, master weights and AdamW state; fp16 "
+                 "only on cuda, with dynamic loss scaling unless --loss-scale says otherwise)");
   app.add_option("--attn", o.attention, "flash | simple (CUDA attention kernel)");
+  app.add_option("--recompute", o.recompute,
+                 "none | ffn | block: activation recompute in backward (ffn: each block's "
+                 "feed-forward intermediates; block: everything but each block's input)");
   app.add_option("--ddp", o.ddp, "none | naive | flat | overlap | bucketed");
   app.add_option(
       "--bucket-mb", o.bucket_mb,
@@ -212,11 +221,12 @@ void validate_options(const Options& o) {
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
     usage_error("--device '{}' is not auto, cpu or cuda", o.device);
   if (o.precision != "auto" && o.precision != "fp32" && o.precision != "tf32" &&
-      o.precision != "bf16")
-    usage_error("--precision '{}' is not auto, fp32, tf32 or bf16", o.precision);
+      o.precision != "bf16" && o.precision != "fp16")
+    usage_error("--precision '{}' is not auto, fp32, tf32, bf16 or fp16", o.precision);
   if (o.attention != "flash" && o.attention != "simple")
     usage_error("--attn '{}' is not flash or simple", o.attention);
-  parse_sync_strategy(o.ddp);  // throws UsageError naming --ddp
+  parse_recompute(o.recompute);  // throws UsageError naming --recompute
+  parse_sync_strategy(o.ddp);    // throws UsageError naming --ddp
   if (o.bench_mode != "forward" && o.bench_mode != "forward-backward" && o.bench_mode != "train")
     usage_error("--mode '{}' is not forward, forward-backward or train", o.bench_mode);
   if (!o.benchmark && o.data.empty())
@@ -245,7 +255,8 @@ std::string settings_fingerprint(const Options& o) {
   s << "seed=" << o.seed << "\ninit-from=" << o.init_from << "\nresume=" << o.resume << "\n";
   s << "save-every=" << o.save_every << "\nout=" << o.out << "\noverwrite=" << o.overwrite
     << "\neval-every=" << o.eval_every << "\neval-batches=" << o.eval_batches << "\n";
-  s << "device=" << o.device << "\nprecision=" << o.precision << "\nattn=" << o.attention << "\n";
+  s << "device=" << o.device << "\nprecision=" << o.precision << "\nattn=" << o.attention
+    << "\nrecompute=" << o.recompute << "\n";
   s << "ddp=" << o.ddp << "\nbucket-mb=" << o.bucket_mb << "\nshard-optim=" << o.shard_optim
     << "\ngrad-reduce=" << o.grad_reduce << "\ncomm-sms=" << o.comm_sms
     << "\ngrad-transport=" << o.grad_transport << "\n";

@@ -26,7 +26,8 @@ struct Options {
   // Optimizer
   double lr = 3e-4, min_lr = -1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, wd = 0.1, clip = 1.0;
   int64_t warmup = 0;
-  std::string loss_scale = "none";  // none | dynamic | a fixed scale (optim/loss_scaler.h)
+  // auto | none | dynamic | a fixed scale (optim/loss_scaler.h); auto: dynamic with fp16, else none
+  std::string loss_scale = "auto";
   int64_t loss_scale_window = 2000;
   uint64_t seed = 1337;
   // Checkpoints and output
@@ -40,6 +41,7 @@ struct Options {
   std::string device = "auto";  // auto | cpu | cuda
   std::string precision = "auto";
   std::string attention = "flash";
+  std::string recompute = "none";  // none | ffn | block (model/recompute.h)
   std::string ddp = "bucketed";
   double bucket_mb = 25;
   bool shard_optim = false;
@@ -74,7 +76,10 @@ struct Options {
   DeviceKind device_kind() const;
   Precision precision_kind() const;
   AdamWConfig adamw() const { return {lr, beta1, beta2, eps, wd}; }
-  LossScaleConfig loss_scaling() const { return parse_loss_scale(loss_scale, loss_scale_window); }
+  // --precision auto never means fp16, so "auto" resolves without looking for a device.
+  LossScaleConfig loss_scaling() const {
+    return parse_loss_scale(loss_scale, loss_scale_window, precision == "fp16");
+  }
 };
 
 // Parses argv; throws UsageError on any bad flag or value. With `--help` it returns at once with

@@ -43,8 +43,6 @@ inline BufferView host_view(std::vector<float>& v) {
   return BufferView{v.data(), static_cast<int64_t>(v.size()), DType::kF32, DeviceKind::kCpu};
 }
 
-const char* precision_name(Precision p);
-
 // Beside signal numbers in the ranks' stop vote.
 constexpr int64_t kTimeLimitStop = 1000;
 

@@ -24,18 +24,6 @@ namespace fs = std::filesystem;
 
 namespace trainer {
 
-const char* precision_name(Precision p) {
-  switch (p) {
-    case Precision::kFp32:
-      return "fp32";
-    case Precision::kTf32:
-      return "tf32";
-    case Precision::kBf16:
-      return "bf16";
-  }
-  return "?";
-}
-
 namespace {
 
 std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
@@ -161,8 +149,9 @@ int Run::check_inputs() {
           "bucketed",
           nranks_);
     if (device_ == DeviceKind::kCpu && precision_ != Precision::kFp32)
-      usage_error("--precision {} needs --device cuda; the CPU backend is fp32",
-                  precision_name(precision_));
+      usage_error("--precision {} needs --device cuda; the CPU backend (--device {}) is fp32",
+                  precision_name(precision_),
+                  o_.device == "cpu" ? "cpu" : "auto, which found no GPU");
     if (device_ == DeviceKind::kCuda && !cuda_available())
       usage_error("--device cuda: no CUDA device is visible{}",
 #ifdef TRAINER_WITH_CUDA
@@ -250,6 +239,10 @@ int Run::check_inputs() {
             (*data)->spec(), n, rank_, least);
     });
   }
+  if (rank_ == 0 && precision_ == Precision::kFp16 && !scaler_.enabled())
+    spdlog::warn(
+        "--precision fp16 with --loss-scale none: gradients below fp16's 6e-8 flush to zero and "
+        "large ones overflow; --loss-scale dynamic (the default with fp16) guards against both");
   if (rank_ == 0 && !o_.benchmark && o_.warmup > o_.steps)
     spdlog::warn("--warmup {} > --steps {}: the learning rate never reaches --lr {}", o_.warmup,
                  o_.steps, o_.lr);
@@ -327,6 +320,7 @@ void Run::build(int gpu) {
   ro.flat_elems = flat_;
   ro.precision = precision_;
   ro.attention = o_.attention;
+  ro.recompute = parse_recompute(o_.recompute);
   ro.optimizer_elems = owned_.size();
   grad_copies_ = device_ == DeviceKind::kCuda && nranks_ > 1 && o_.grad_transport == "ce" &&
                  o_.grad_reduce == "bf16";
@@ -430,13 +424,13 @@ void Run::log_run() {
     const double abytes = static_cast<double>(replica_->activation_bytes());
     spdlog::info(
         "memory per rank: params {} ({}) | grads {} ({}{}) | optimizer state {} | "
-        "activations {} | total {}",
+        "activations {} (--recompute {}) | total {}",
         mib(pbytes), dtype_name(replica_->params().dtype), mib(gbytes * grad_buffers),
         dtype_name(replica_->grads().dtype),
         grad_copies_ ? fmt::format(": this rank's and {} peer cop{}", nranks_ - 1,
                                    nranks_ == 2 ? "y" : "ies")
                      : "",
-        mib(opt_bytes[0]), mib(abytes),
+        mib(opt_bytes[0]), mib(abytes), o_.recompute,
         mib(pbytes + gbytes * grad_buffers + opt_bytes[0] + abytes));
     std::string per_rank;
     for (size_t r = 0; r < opt_bytes.size(); ++r)

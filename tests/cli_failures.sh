@@ -50,12 +50,18 @@ expect 2 "no-such-file" "$trainer" "${small[@]}" --data "$tmp/no-such-file.npy"
 expect 2 "unknown|not a strategy|--ddp" "$trainer" "${small[@]}" "${data[@]}" --ddp ring
 expect 2 "--sampler 'foo'" "$trainer" "${small[@]}" "${data[@]}" --sampler foo
 expect 2 "--precision bf16 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --precision bf16
+expect 2 "--precision fp16 needs --device cuda; the CPU backend \(--device cpu\)" "$trainer" \
+  "${small[@]}" "${data[@]}" --precision fp16
+expect 2 "--precision 'fp8' is not auto, fp32, tf32, bf16 or fp16" "$trainer" "${small[@]}" \
+  "${data[@]}" --precision fp8
+expect 2 "--recompute 'all': expected 'none', 'ffn' or 'block'" "$trainer" "${small[@]}" \
+  "${data[@]}" --recompute all
 expect 2 "--grad-reduce bf16 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --grad-reduce bf16
 expect 2 "--wd must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --wd -0.1
 expect 2 "--eps must be a finite number > 0" "$trainer" "${small[@]}" "${data[@]}" --eps 0
 expect 2 "--lr must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --lr nan
 expect 2 "--clip must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --clip -1
-expect 2 "--loss-scale must be none, dynamic or a finite number > 0" "$trainer" "${small[@]}" \
+expect 2 "--loss-scale must be auto, none, dynamic or a finite number > 0" "$trainer" "${small[@]}" \
   "${data[@]}" --loss-scale 0
 expect 2 "--loss-scale-window must be >= 1" "$trainer" "${small[@]}" "${data[@]}" \
   --loss-scale dynamic --loss-scale-window 0

@@ -1,7 +1,7 @@
 // GPU tests of the CUDA decoder against the CPU reference: in fp32 its logits match the CPU
 // decoder's at every position however the tokens are fed (chunks, single tokens), and greedy
-// decoding is the CPU full forward's argmax at every position; in bf16 the logits stay within 6%
-// of their scale of the CPU's (same bf16-rounded weights) and greedy decoding picks the CPU's
+// decoding is the CPU full forward's argmax at every position; in bf16 and fp16 the logits stay
+// within 6% of their scale of the CPU's (same rounded weights) and greedy decoding picks the CPU's
 // argmax wherever that error cannot flip it; feeding a prompt at once or token by token gives the
 // same logits; a missing GPU, tf32 and bad ids are refused. Skipped (exit 77) without a GPU.
 #ifdef TRAINER_WITH_CUDA
@@ -13,6 +13,7 @@
 
 #include "core/bf16.h"
 #include "core/error.h"
+#include "core/f16.h"
 #include "model/config.h"
 #include "model/cpu/transformer.h"
 #include "model/decoder.h"
@@ -120,15 +121,19 @@ TEST_CASE("fp32 greedy decoding on the GPU is the CPU full forward's argmax at e
   }
 }
 
-TEST_CASE("bf16 greedy decoding picks the CPU's argmax wherever bf16 error cannot flip it") {
-  // The CPU runs the GPU's bf16-rounded weights in fp32; what differs is bf16 activations. At
-  // each position e = max |GPU logit - CPU logit|; where the CPU's top-2 gap exceeds 2e the
-  // pick must be the CPU's argmax, and e must stay a small part of the logits' scale.
+namespace {
+
+// The CPU runs the GPU's 16-bit-rounded weights in fp32; what differs is the 16-bit activations.
+// At each position e = max |GPU logit - CPU logit|; where the CPU's top-2 gap exceeds 2e the pick
+// must be the CPU's argmax, and e must stay a small part of the logits' scale.
+void check_greedy_16bit(Precision precision) {
+  const bool fp16 = precision == Precision::kFp16;
   const ModelConfig c = config(256, 4);
   const ParamLayout L(c);
   std::vector<float> p = spread_params(L, 9, 6.0f, 2.0f);
-  for (float& x : p) x = bf16_bits_to_f32(f32_to_bf16_bits(x));
-  const GreedyRun r = greedy_run(c, p, Precision::kBf16, token_ids(8, c.vocab, 2));
+  for (float& x : p)
+    x = fp16 ? f16_bits_to_f32(f32_to_f16_bits(x)) : bf16_bits_to_f32(f32_to_bf16_bits(x));
+  const GreedyRun r = greedy_run(c, p, precision, token_ids(8, c.vocab, 2));
   int decisive = 0, exact = 0;
   double worst = 0;
   for (size_t i = 0; i < r.picks.size(); ++i) {
@@ -141,7 +146,7 @@ TEST_CASE("bf16 greedy decoding picks the CPU's argmax wherever bf16 error canno
     std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<>());
     const auto best = std::max_element(row.begin(), row.end()) - row.begin();
     INFO("generated token " << i << ": GPU " << r.picks[i] << " CPU argmax " << best
-                            << ", bf16 error " << e << " of scale " << scale << ", CPU top-2 gap "
+                            << ", 16-bit error " << e << " of scale " << scale << ", CPU top-2 gap "
                             << top[0] - top[1]);
     CHECK(e <= 0.06 * scale);
     if (top[0] - top[1] > 2 * e) {
@@ -150,11 +155,23 @@ TEST_CASE("bf16 greedy decoding picks the CPU's argmax wherever bf16 error canno
     }
     exact += r.picks[i] == best;
   }
+  const char* name = fp16 ? "fp16" : "bf16";
   INFO(exact << " of " << r.picks.size() << " picks are the CPU argmax; " << decisive
-             << " positions decisive; worst bf16 error " << worst << " of the logit scale");
+             << " positions decisive; worst " << name << " error " << worst
+             << " of the logit scale");
   CHECK(decisive >= static_cast<int>(r.picks.size()) / 2);  // the check above has teeth
-  WARN("bf16 greedy: " << exact << "/" << r.picks.size() << " = CPU argmax, " << decisive
-                       << " decisive, worst error " << worst);
+  WARN(name << " greedy: " << exact << "/" << r.picks.size() << " = CPU argmax, " << decisive
+            << " decisive, worst error " << worst);
+}
+
+}  // namespace
+
+TEST_CASE("bf16 greedy decoding picks the CPU's argmax wherever bf16 error cannot flip it") {
+  check_greedy_16bit(Precision::kBf16);
+}
+
+TEST_CASE("fp16 greedy decoding picks the CPU's argmax wherever fp16 error cannot flip it") {
+  check_greedy_16bit(Precision::kFp16);
 }
 
 TEST_CASE("bf16 decoder: a prompt fed at once or token by token gives the same logits") {

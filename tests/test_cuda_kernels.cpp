@@ -2,11 +2,13 @@
 // random inputs of awkward sizes: head dim 80, vocabularies 37 / 10000 / 50257, sequence lengths
 // 17 and 100, widths that defeat the vector paths. Outputs are poisoned with NaN (all bits set)
 // first, so an element a kernel forgets to write fails the comparison. Errors are relative
-// L2 norms, ||out - ref|| / ||ref||: below 1e-5 in fp32, 2e-2 in bf16 (the bf16 reference runs
-// on the bf16-rounded inputs). Skipped (exit 77) without a GPU.
+// L2 norms, ||out - ref|| / ||ref||: below 1e-5 in fp32, 2e-2 in bf16 and 5e-3 in fp16 (3 more
+// fraction bits than bf16; the 16-bit references run on the rounded inputs). Skipped (exit 77)
+// without a GPU.
 #ifdef TRAINER_WITH_CUDA
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -34,6 +36,7 @@
 
 using namespace trainer;
 using bf16 = __nv_bfloat16;
+using f16 = __half;
 
 namespace {
 
@@ -42,6 +45,8 @@ template <typename T>
 constexpr DType dtype_of() {
   if constexpr (std::is_same_v<T, bf16>)
     return DType::kBF16;
+  else if constexpr (std::is_same_v<T, f16>)
+    return DType::kF16;
   else if constexpr (sizeof(T) == 8)
     return DType::kF64;
   else
@@ -50,6 +55,7 @@ constexpr DType dtype_of() {
 
 template <typename T>
 double tol() {
+  if constexpr (std::is_same_v<T, f16>) return 5e-3;
   return std::is_same_v<T, float> ? 1e-5 : 2e-2;
 }
 
@@ -58,6 +64,8 @@ template <typename T>
 float stored(float x) {
   if constexpr (std::is_same_v<T, float>)
     return x;
+  else if constexpr (std::is_same_v<T, f16>)
+    return __half2float(__float2half_rn(x));
   else
     return __bfloat162float(__float2bfloat16_rn(x));
 }
@@ -100,6 +108,8 @@ Dev<T> upload(const std::vector<float>& h) {
   for (size_t i = 0; i < h.size(); ++i) {
     if constexpr (std::is_same_v<T, float>)
       t[i] = h[i];
+    else if constexpr (std::is_same_v<T, f16>)
+      t[i] = __float2half_rn(h[i]);
     else
       t[i] = __float2bfloat16_rn(h[i]);
   }
@@ -107,7 +117,7 @@ Dev<T> upload(const std::vector<float>& h) {
   return d;
 }
 
-// All bits set: NaN in fp32 and bf16.
+// All bits set: NaN in fp32, bf16 and fp16.
 template <typename T>
 Dev<T> poisoned(int64_t n) {
   Dev<T> d(n);
@@ -124,6 +134,8 @@ std::vector<float> download(const Dev<T>& d) {
   for (size_t i = 0; i < t.size(); ++i) {
     if constexpr (std::is_same_v<T, float>)
       h[i] = t[i];
+    else if constexpr (std::is_same_v<T, f16>)
+      h[i] = __half2float(t[i]);
     else
       h[i] = __bfloat162float(t[i]);
   }
@@ -182,7 +194,7 @@ std::vector<float> to_token_major(const std::vector<float>& x, int64_t B, int64_
 
 namespace {
 
-enum class Mode { kFp32, kTf32, kBf16ToBf16, kBf16ToF32 };
+enum class Mode { kFp32, kTf32, kBf16ToBf16, kBf16ToF32, kF16ToF16, kF16ToF32 };
 
 // One row-major problem D = alpha op(A) op(B) + beta C of sizes that fit no tile, with padded
 // row strides, checked against cpu::gemm on the values as stored.
@@ -193,8 +205,14 @@ void check_gemm(Mode mode, bool ta, bool tb, bool separate_c, int64_t batch) {
   const int64_t sa = rows_a * lda + 7, sb = rows_b * ldb + 1, sc = M * ldc + 3;
   const bool bf16_in = mode == Mode::kBf16ToBf16 || mode == Mode::kBf16ToF32;
   const bool bf16_out = mode == Mode::kBf16ToBf16;
-  auto q_in = [&](std::vector<float> v) { return bf16_in ? quantized<bf16>(v) : v; };
-  auto q_out = [&](std::vector<float> v) { return bf16_out ? quantized<bf16>(v) : v; };
+  const bool f16_in = mode == Mode::kF16ToF16 || mode == Mode::kF16ToF32;
+  const bool f16_out = mode == Mode::kF16ToF16;
+  auto q_in = [&](std::vector<float> v) {
+    return bf16_in ? quantized<bf16>(v) : (f16_in ? quantized<f16>(v) : v);
+  };
+  auto q_out = [&](std::vector<float> v) {
+    return bf16_out ? quantized<bf16>(v) : (f16_out ? quantized<f16>(v) : v);
+  };
   const std::vector<float> A = q_in(randn(sa * batch, 1.0f, 1));
   const std::vector<float> B = q_in(randn(sb * batch, 1.0f, 2));
   const std::vector<float> C = q_out(randn(sc * batch, 1.0f, 3));
@@ -214,8 +232,8 @@ void check_gemm(Mode mode, bool ta, bool tb, bool separate_c, int64_t batch) {
   g.alpha = alpha, g.beta = beta;
   g.batch = batch;
   g.stride_a = sa, g.stride_b = sb, g.stride_c = sc, g.stride_d = sc;
-  g.ab_type = bf16_in ? DType::kBF16 : DType::kF32;
-  g.cd_type = bf16_out ? DType::kBF16 : DType::kF32;
+  g.ab_type = bf16_in ? DType::kBF16 : (f16_in ? DType::kF16 : DType::kF32);
+  g.cd_type = bf16_out ? DType::kBF16 : (f16_out ? DType::kF16 : DType::kF32);
   g.tf32 = mode == Mode::kTf32;
 
   auto run = [&](auto in_tag, auto out_tag) {
@@ -254,9 +272,13 @@ void check_gemm(Mode mode, bool ta, bool tb, bool separate_c, int64_t batch) {
     err = run(float{}, float{});
   else if (mode == Mode::kBf16ToBf16)
     err = run(bf16{}, bf16{});
-  else
+  else if (mode == Mode::kBf16ToF32)
     err = run(bf16{}, float{});
-  const double limit = mode == Mode::kFp32 ? 1e-5 : (mode == Mode::kTf32 ? 5e-3 : 2e-2);
+  else if (mode == Mode::kF16ToF16)
+    err = run(f16{}, f16{});
+  else
+    err = run(f16{}, float{});
+  const double limit = mode == Mode::kFp32 ? 1e-5 : mode == Mode::kTf32 || f16_in ? 5e-3 : 2e-2;
   INFO("mode " << static_cast<int>(mode) << " trans " << ta << tb << " separate C " << separate_c
                << " batch " << batch << " rel err " << err);
   CHECK(err < limit);
@@ -271,7 +293,8 @@ void check_gemm(Mode mode, bool ta, bool tb, bool separate_c, int64_t batch) {
 }  // namespace
 
 TEST_CASE("matmul: every mode and transpose matches cpu::gemm", "[cuda][matmul]") {
-  for (Mode mode : {Mode::kFp32, Mode::kTf32, Mode::kBf16ToBf16, Mode::kBf16ToF32})
+  for (Mode mode : {Mode::kFp32, Mode::kTf32, Mode::kBf16ToBf16, Mode::kBf16ToF32, Mode::kF16ToF16,
+                    Mode::kF16ToF32})
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         check_gemm(mode, ta, tb, /*separate_c=*/false, /*batch=*/1);
@@ -280,7 +303,7 @@ TEST_CASE("matmul: every mode and transpose matches cpu::gemm", "[cuda][matmul]"
 }
 
 TEST_CASE("matmul: strided batches match cpu::gemm per entry", "[cuda][matmul]") {
-  for (Mode mode : {Mode::kFp32, Mode::kBf16ToBf16, Mode::kBf16ToF32})
+  for (Mode mode : {Mode::kFp32, Mode::kBf16ToBf16, Mode::kBf16ToF32, Mode::kF16ToF16})
     for (bool ta : {false, true})
       for (bool tb : {false, true}) check_gemm(mode, ta, tb, true, 3);
 }
@@ -301,6 +324,8 @@ TEST_CASE("matmul: bad arguments are refused with the shape in the message", "[c
   g.ldb = 8;
   g.cd_type = DType::kBF16;  // bf16 output needs bf16 inputs
   CHECK_THROWS_AS(mm.run(g, nullptr), RuntimeError);
+  g.ab_type = DType::kF16;  // nor fp16 ones
+  CHECK_THROWS_AS(mm.run(g, nullptr), RuntimeError);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -308,7 +333,7 @@ TEST_CASE("matmul: bad arguments are refused with the shape in the message", "[c
 // ------------------------------------------------------------------------------------------------
 
 TEMPLATE_TEST_CASE("embedding forward and deterministic backward match the CPU", "[cuda]", float,
-                   bf16) {
+                   bf16, f16) {
   using T = TestType;
   for (int64_t V : {int64_t{37}, int64_t{10000}})
     for (int64_t d : {int64_t{80}, int64_t{128}, int64_t{6}}) {
@@ -347,7 +372,7 @@ TEMPLATE_TEST_CASE("embedding forward and deterministic backward match the CPU",
 // RMSNorm
 // ------------------------------------------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("rmsnorm forward and backward match the CPU", "[cuda]", float, bf16) {
+TEMPLATE_TEST_CASE("rmsnorm forward and backward match the CPU", "[cuda]", float, bf16, f16) {
   using T = TestType;
   for (int64_t n : {int64_t{34}, int64_t{300}})
     for (int64_t d : {int64_t{128}, int64_t{80}, int64_t{100}, int64_t{6}}) {
@@ -401,7 +426,7 @@ TEMPLATE_TEST_CASE("rmsnorm forward and backward match the CPU", "[cuda]", float
 // RoPE and layouts
 // ------------------------------------------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("rope forward and backward match the CPU", "[cuda]", float, bf16) {
+TEMPLATE_TEST_CASE("rope forward and backward match the CPU", "[cuda]", float, bf16, f16) {
   using T = TestType;
   const int64_t B = 2, seq = 17, H = 2;
   for (int64_t dh : {int64_t{80}, int64_t{16}, int64_t{6}}) {
@@ -456,8 +481,8 @@ TEMPLATE_TEST_CASE("rope forward and backward match the CPU", "[cuda]", float, b
     bwd.add(v.p(), back.p(), false);
     cuda::rope(bwd, cuda::QkvLayout::kHeadMajor, 0, cuda::QkvLayout::kTokenMajor, 3 * d, B, seq, H,
                dh, table_d.p(), true, nullptr);
-    // The inverse rotation undoes the forward (up to rounding in bf16).
-    CHECK(rel_err(download(back), vkq) < (std::is_same_v<T, float> ? 1e-6 : 2e-2));
+    // The inverse rotation undoes the forward (up to rounding in bf16 or fp16).
+    CHECK(rel_err(download(back), vkq) < (std::is_same_v<T, float> ? 1e-6 : tol<T>()));
 
     // Plain layout changes round-trip exactly.
     Dev<T> hm = poisoned<T>(n * d), tm = poisoned<T>(n * d);
@@ -472,7 +497,8 @@ TEMPLATE_TEST_CASE("rope forward and backward match the CPU", "[cuda]", float, b
 // simple attention
 // ------------------------------------------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("simple attention forward and backward match the CPU", "[cuda]", float, bf16) {
+TEMPLATE_TEST_CASE("simple attention forward and backward match the CPU", "[cuda]", float, bf16,
+                   f16) {
   using T = TestType;
   const int64_t B = 2, H = 2;
   cuda::Matmul mm;
@@ -515,7 +541,8 @@ TEMPLATE_TEST_CASE("simple attention forward and backward match the CPU", "[cuda
 // SwiGLU, residual, casts
 // ------------------------------------------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("swiglu forward and in-place backward match the CPU", "[cuda]", float, bf16) {
+TEMPLATE_TEST_CASE("swiglu forward and in-place backward match the CPU", "[cuda]", float, bf16,
+                   f16) {
   using T = TestType;
   const int64_t rows = 34;
   for (int64_t f : {int64_t{512}, int64_t{100}, int64_t{7}}) {
@@ -553,7 +580,7 @@ TEMPLATE_TEST_CASE("swiglu forward and in-place backward match the CPU", "[cuda]
   }
 }
 
-TEMPLATE_TEST_CASE("residual add and casts", "[cuda]", float, bf16) {
+TEMPLATE_TEST_CASE("residual add and casts", "[cuda]", float, bf16, f16) {
   using T = TestType;
   for (int64_t n : {int64_t{1003}, int64_t{4096}}) {
     const std::vector<float> a = quantized<T>(randn(n, 1.0f, 51));
@@ -572,15 +599,17 @@ TEMPLATE_TEST_CASE("residual add and casts", "[cuda]", float, bf16) {
     CHECK(rel_err(std::vector<float>(got.begin() + 1, got.end()),
                   std::vector<float>(ref.begin() + 1, ref.end())) < 1e-7);
   }
+  // Casts between fp32 and a 16-bit type: the activation type, bf16 in the fp32 instance.
+  using H = std::conditional_t<std::is_same_v<T, float>, bf16, T>;
   const int64_t n = 1001;
   const std::vector<float> x = randn(n, 3.0f, 53);
   Dev<float> x_d = upload<float>(x);
-  Dev<bf16> y = poisoned<bf16>(n);
+  Dev<H> y = poisoned<H>(n);
   cuda::cast(x_d.p(), y.p(), n, nullptr);
-  CHECK(download(y) == quantized<bf16>(x));
+  CHECK(download(y) == quantized<H>(x));
   Dev<float> z = poisoned<float>(n);
   cuda::cast(y.p(), z.p(), n, nullptr);
-  CHECK(download(z) == quantized<bf16>(x));
+  CHECK(download(z) == quantized<H>(x));
 }
 
 // The copy-engine path's sum (--grad-transport ce): dst += src[0] + ... + src[k-1], left to
@@ -612,7 +641,7 @@ TEST_CASE("peer sum adds its sources left to right", "[cuda]") {
 // cross-entropy
 // ------------------------------------------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("fused softmax cross-entropy matches the CPU", "[cuda]", float, bf16) {
+TEMPLATE_TEST_CASE("fused softmax cross-entropy matches the CPU", "[cuda]", float, bf16, f16) {
   using T = TestType;
   const int64_t n = 34;
   for (int64_t V : {int64_t{37}, int64_t{10000}, int64_t{50257}}) {

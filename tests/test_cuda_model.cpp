@@ -1,9 +1,11 @@
 // GPU tests of the CUDA replica against the CPU reference replica on the tiny preset (vocab 37 and
 // 10000): loss and every parameter's gradient (two micro-batches accumulated after zero_grads,
-// with another batch's gradients left in the buffer before it) in fp32 (1e-5 relative per tensor)
-// and bf16 (loss 2e-2, gradients 5e-2), the order of the gradient-ready callbacks, evaluate(), user
-// errors, and 20 AdamW training steps in fp32 whose losses match the CPU's to 1e-4. Skipped (exit
-// 77) without a GPU.
+// with another batch's gradients left in the buffer before it) in fp32 (1e-5 relative per tensor),
+// bf16 (loss 2e-2, gradients 5e-2) and fp16 (loss 5e-3, gradients 2e-2, backward on the loss
+// scaled by 1024 as loss scaling does), the order of the gradient-ready callbacks, evaluate(), user
+// errors, activation recompute (bit-identical gradients, fewer activation bytes), and 20 AdamW
+// training steps whose losses match the CPU's: to 1e-4 in fp32, to 1e-2 in fp16. Skipped (exit 77)
+// without a GPU.
 #ifdef TRAINER_WITH_CUDA
 
 #include <cuda_runtime.h>
@@ -110,9 +112,12 @@ double rel_err(const float* out, const float* ref, int64_t n) {
 }
 
 // Runs the same micro-batches through both replicas (gradients accumulated over all of them with
-// scale 1/tokens) and compares the loss and every tensor's gradient.
+// scale loss_scale/tokens, then divided by loss_scale) and compares the loss and every tensor's
+// gradient. A power-of-two loss_scale changes nothing in fp32; in fp16 it keeps the activation
+// gradients out of the subnormal range, as --loss-scale does in training.
 void compare_with_cpu(const ModelConfig& c, Precision precision, const std::string& attention,
-                      double loss_tol, double grad_tol, DType grads = DType::kF32) {
+                      double loss_tol, double grad_tol, DType grads = DType::kF32,
+                      float loss_scale = 1.0f) {
   const std::vector<Batch> batches = {make_batch(2, 17, c.vocab, 1),
                                       make_batch(1, c.ctx, c.vocab, 2)};
   int64_t tokens = 0;
@@ -123,7 +128,9 @@ void compare_with_cpu(const ModelConfig& c, Precision precision, const std::stri
   std::unique_ptr<Replica> gpu = make_cuda_replica(c, options(c, 2, precision, attention, grads));
   REQUIRE(gpu->device() == DeviceKind::kCuda);
   REQUIRE(gpu->params().count == ParamLayout(c).total());
-  REQUIRE(gpu->params().dtype == (precision == Precision::kBf16 ? DType::kBF16 : DType::kF32));
+  REQUIRE(gpu->params().dtype == (precision == Precision::kBf16   ? DType::kBF16
+                                  : precision == Precision::kFp16 ? DType::kF16
+                                                                  : DType::kF32));
   REQUIRE(gpu->grads().dtype == grads);
   const int n_tensors = static_cast<int>(cpu->layout().tensors().size());
   const Batch stale = make_batch(2, c.ctx, c.vocab, 3);
@@ -137,7 +144,7 @@ void compare_with_cpu(const ModelConfig& c, Precision precision, const std::stri
     for (const Batch& b : batches) {
       r->forward(b.mb());
       std::vector<int> order;
-      r->backward(1.0f / static_cast<float>(tokens), [&](int i) { order.push_back(i); });
+      r->backward(loss_scale / static_cast<float>(tokens), [&](int i) { order.push_back(i); });
       std::vector<int> expected(n_tensors);
       std::iota(expected.begin(), expected.end(), 0);
       CHECK(order == expected);
@@ -147,7 +154,9 @@ void compare_with_cpu(const ModelConfig& c, Precision precision, const std::stri
   INFO("vocab " << c.vocab << " loss cpu " << loss_cpu << " gpu " << loss_gpu);
   CHECK_THAT(static_cast<double>(loss_gpu), WithinRel(static_cast<double>(loss_cpu), loss_tol));
 
-  const std::vector<float> g_cpu = host_grads(*cpu), g_gpu = host_grads(*gpu);
+  std::vector<float> g_cpu = host_grads(*cpu), g_gpu = host_grads(*gpu);
+  for (std::vector<float>* g : {&g_cpu, &g_gpu})
+    for (float& x : *g) x /= loss_scale;
   for (const ParamTensor& t : cpu->layout().tensors()) {
     const double err = rel_err(g_gpu.data() + t.offset, g_cpu.data() + t.offset, t.numel);
     INFO("gradient of " << t.name << " rel err " << err);
@@ -173,6 +182,27 @@ TEST_CASE("CUDA replica bf16: loss and gradients close to the CPU replica", "[cu
       INFO("attention " << attention);
       compare_with_cpu(tiny(vocab, 32), Precision::kBf16, attention, 2e-2, 5e-2);
     }
+}
+
+// fp16 keeps fp32 gradients, and its activation gradients need the loss scaled up: the tiny
+// model's per-token gradients at scale 1/tokens sit in fp16's subnormal range. 1024 keeps every
+// value far below fp16's 65504. The flash kernels are bf16 only, so "flash" runs the simple path
+// and says why.
+TEST_CASE("CUDA replica fp16: loss and gradients close to the CPU replica", "[cuda][model]") {
+  for (const char* attention : {"simple", "flash"})
+    for (int64_t vocab : {int64_t{37}, int64_t{10000}}) {
+      INFO("attention " << attention);
+      compare_with_cpu(tiny(vocab, 32), Precision::kFp16, attention, 5e-3, 2e-2, DType::kF32,
+                       1024.0f);
+    }
+  const ModelConfig c = tiny(37, 32);
+  std::unique_ptr<Replica> gpu = make_cuda_replica(c, options(c, 2, Precision::kFp16, "flash"));
+  CHECK(gpu->grads().dtype == DType::kF32);
+  CHECK(gpu->attention_kernel().find(
+            "the flash kernels are bf16 only: fp16 uses the simple path") != std::string::npos);
+  // Whole bf16 gradients (--grad-transport ce --grad-reduce bf16) are for bf16 runs only.
+  CHECK_THROWS_AS(make_cuda_replica(c, options(c, 2, Precision::kFp16, "simple", DType::kBF16)),
+                  UsageError);
 }
 
 // --grad-transport ce --grad-reduce bf16: backward writes bf16 gradients (the GEMMs' output, the
@@ -218,6 +248,57 @@ TEST_CASE("CUDA replica bf16 with bf16 gradients", "[cuda][model]") {
                   UsageError);
 }
 
+// Activation recompute reruns forward's kernels on forward's inputs: the loss, every gradient and
+// the ready() order are bit-identical to keeping everything, in every precision and attention
+// path, over accumulated micro-batches and a forward after an evaluate; and the activations
+// shrink (ffn less, block most).
+TEST_CASE("CUDA replica: recompute ffn and block give the very gradients of none",
+          "[cuda][model][recompute]") {
+  const ModelConfig c = tiny(10000, 32);
+  const std::vector<float> params = fresh_params(c, 21);
+  const std::vector<Batch> batches = {make_batch(2, 32, c.vocab, 5), make_batch(1, 17, c.vocab, 6)};
+  struct Case {
+    Precision precision;
+    const char* attention;
+  };
+  for (const Case& k : {Case{Precision::kFp32, "simple"}, Case{Precision::kBf16, "flash"},
+                        Case{Precision::kBf16, "simple"}, Case{Precision::kFp16, "simple"}}) {
+    std::vector<float> want_grads;
+    float want_loss = 0;
+    int64_t last_bytes = 0;
+    for (Recompute rc : {Recompute::kNone, Recompute::kFfn, Recompute::kBlock}) {
+      INFO("precision " << precision_name(k.precision) << " attention " << k.attention
+                        << " recompute " << recompute_name(rc));
+      ReplicaOptions o = options(c, 2, k.precision, k.attention);
+      o.recompute = rc;
+      std::unique_ptr<Replica> r = make_cuda_replica(c, o);
+      std::vector<float> p = params;
+      r->set_params(p.data());
+      r->zero_grads();
+      r->evaluate(batches[1].mb());  // leaves the shared buffers holding another batch's values
+      for (const Batch& b : batches) {
+        r->forward(b.mb());
+        std::vector<int> order;
+        r->backward(256.0f / 81.0f, [&](int i) { order.push_back(i); });
+        std::vector<int> expected(r->layout().tensors().size());
+        std::iota(expected.begin(), expected.end(), 0);
+        CHECK(order == expected);
+      }
+      const float loss = r->take_loss();
+      const std::vector<float> g = host_grads(*r);
+      if (rc == Recompute::kNone) {
+        want_grads = g;
+        want_loss = loss;
+      } else {
+        CHECK(loss == want_loss);
+        CHECK(g == want_grads);
+        CHECK(r->activation_bytes() < last_bytes);
+      }
+      last_bytes = r->activation_bytes();
+    }
+  }
+}
+
 TEST_CASE("CUDA replica: head dim 80 and an odd vocabulary", "[cuda][model]") {
   ModelConfig c = tiny(37, 24);
   c.d_model = 160;
@@ -225,6 +306,7 @@ TEST_CASE("CUDA replica: head dim 80 and an odd vocabulary", "[cuda][model]") {
   c.d_ff = 200;
   compare_with_cpu(c, Precision::kFp32, "simple", 1e-5, 1e-5);
   compare_with_cpu(c, Precision::kBf16, "flash", 2e-2, 5e-2);
+  compare_with_cpu(c, Precision::kFp16, "flash", 5e-3, 2e-2, DType::kF32, 1024.0f);
 }
 
 TEST_CASE("CUDA replica: widths that defeat the fused and vector paths", "[cuda][model]") {
@@ -237,6 +319,7 @@ TEST_CASE("CUDA replica: widths that defeat the fused and vector paths", "[cuda]
   c.d_ff = 100;
   compare_with_cpu(c, Precision::kFp32, "simple", 1e-5, 1e-5);
   compare_with_cpu(c, Precision::kBf16, "simple", 2e-2, 5e-2);
+  compare_with_cpu(c, Precision::kFp16, "simple", 5e-3, 2e-2, DType::kF32, 1024.0f);
 }
 
 TEST_CASE("CUDA replica: forward announces each part of the parameters before reading it",
@@ -365,12 +448,17 @@ TEST_CASE("CUDA replica: the fit check counts this rank's optimizer shard; OOM i
   CHECK_NOTHROW(DeviceBuffer(DeviceKind::kCuda, DType::kF32, 1024));
 }
 
-TEST_CASE("CUDA replica fp32: 20 AdamW steps reproduce the CPU losses", "[cuda][model][train]") {
+namespace {
+
+// 20 AdamW steps from the same start on both replicas; the GPU's backward runs on the loss times
+// loss_scale, which its update divides out again (the optimizer's gradient multiplier, as
+// --loss-scale does). The GPU's losses must stay within `tol` of the CPU's, and the model learns.
+void train_against_cpu(Precision precision, float loss_scale, float tol) {
   const ModelConfig c = tiny(10000, 32);
   const int64_t flat = ParamLayout(c).total();
   std::vector<float> params = fresh_params(c, 11);
   std::unique_ptr<Replica> cpu = make_cpu_replica(c, options(c, 2, Precision::kFp32));
-  std::unique_ptr<Replica> gpu = make_cuda_replica(c, options(c, 2, Precision::kFp32));
+  std::unique_ptr<Replica> gpu = make_cuda_replica(c, options(c, 2, precision));
   AdamWConfig cfg;
   cfg.lr = 1e-3;
   AdamW opt_cpu(DeviceKind::kCpu, flat, cfg), opt_gpu(DeviceKind::kCuda, flat, cfg);
@@ -387,18 +475,31 @@ TEST_CASE("CUDA replica fp32: 20 AdamW steps reproduce the CPU losses", "[cuda][
     float loss[2];
     int i = 0;
     for (auto [r, opt] : {std::pair{cpu.get(), &opt_cpu}, std::pair{gpu.get(), &opt_gpu}}) {
+      const float scale = r == gpu.get() ? loss_scale : 1.0f;
       r->zero_grads();
       r->forward(b.mb());
-      r->backward(1.0f / static_cast<float>(b.tokens()), {});
-      opt->step(r->grads(), r->params(), cfg.lr, step, 1.0f, r->stream());
+      r->backward(scale / static_cast<float>(b.tokens()), {});
+      opt->step(r->grads(), r->params(), cfg.lr, step, 1.0f / scale, r->stream());
       loss[i++] = r->take_loss();
     }
     INFO("step " << step << " loss cpu " << loss[0] << " gpu " << loss[1]);
-    CHECK_THAT(loss[1], WithinRel(loss[0], 1e-4f));
+    CHECK_THAT(loss[1], WithinRel(loss[0], tol));
     if (step == 1) first = loss[0];
     last = loss[0];
   }
   CHECK(last < first);  // the four batches repeat, so the model learns them
+}
+
+}  // namespace
+
+TEST_CASE("CUDA replica fp32: 20 AdamW steps reproduce the CPU losses", "[cuda][model][train]") {
+  train_against_cpu(Precision::kFp32, 1.0f, 1e-4f);
+}
+
+// The update writes the fp16 working parameters from the fp32 masters; the loss is scaled by 1024
+// and unscaled by the update, as dynamic loss scaling does.
+TEST_CASE("CUDA replica fp16: 20 AdamW steps follow the CPU losses", "[cuda][model][train]") {
+  train_against_cpu(Precision::kFp16, 1024.0f, 1e-2f);
 }
 
 #endif  // TRAINER_WITH_CUDA

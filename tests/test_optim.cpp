@@ -1,5 +1,6 @@
 // CPU tests of optim/: AdamW against values computed by hand in double, AdamW over bf16 gradient
-// terms, the LR schedule, the clipping scale, sum_squares and the bf16 cast.
+// terms, the LR schedule, the clipping scale, sum_squares, the bf16 and fp16 casts and the loss
+// scaler.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "core/device_buffer.h"
+#include "core/f16.h"
 #include "optim/adamw.h"
 #include "optim/cuda/adamw.cuh"
 #include "optim/loss_scaler.h"
@@ -133,6 +135,21 @@ TEST_CASE("AdamW writes bf16 parameters rounded from the master, and may update 
   opt.step(cpu_view(g), opt.master(), 0.01, 2, 1.0f);
   const std::vector<float> after = to_vector(opt.master());
   for (int i = 0; i < 3; ++i) CHECK(after[i] != before[i]);
+}
+
+TEST_CASE("AdamW writes fp16 parameters rounded from the master") {
+  AdamW opt(DeviceKind::kCpu, 3, {});
+  const std::vector<float> p0 = {1.0f, -2.0f, 0.1f};
+  std::memcpy(opt.master().data, p0.data(), 12);
+  std::vector<float> g = {0.5f, 0.5f, -0.5f};
+  std::vector<uint16_t> out16(3);
+  opt.step(cpu_view(g), BufferView{out16.data(), 3, DType::kF16, DeviceKind::kCpu}, 0.01, 1, 1.0f);
+  // The masters of the bf16 case above, in fp16 (10 fraction bits, round to nearest even):
+  //   0.989 -> 0x3BE9 (0.98876953125);  -2.008 -> 0xC004 (-2.0078125);  0.1099 -> 0x2F09
+  //   (0.10992431640625).
+  CHECK(out16[0] == 0x3BE9);
+  CHECK(out16[1] == 0xC004);
+  CHECK(out16[2] == 0x2F09);
 }
 
 TEST_CASE("AdamW updated part by part equals one step over the whole range") {
@@ -328,6 +345,46 @@ TEST_CASE("cast_f32_to_params rounds to nearest even and copies fp32") {
   REQUIRE_THROWS_AS(cast_f32_to_params(cpu_view(src), cpu_view(f32).slice(0, 3)), RuntimeError);
 }
 
+TEST_CASE("cast_f32_to_params rounds to fp16 as the GPU does, subnormals included") {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> src = {
+      1.0f + std::ldexp(1.0f, -11),                          // tie -> even 0x3C00
+      1.0f + 3 * std::ldexp(1.0f, -11),                      // tie -> even 0x3C02
+      1.0f + std::ldexp(1.0f, -11) + std::ldexp(1.0f, -20),  // above the tie -> 0x3C01
+      -2.0f,                                                 // exact 0xC000
+      0.1f,                                                  // 0x2E66
+      65519.0f,                                              // below the tie: 65504 0x7BFF
+      65520.0f,                                              // the tie rounds up to inf 0x7C00
+      std::numeric_limits<float>::max(),                     // inf 0x7C00
+      -inf,                                                  // 0xFC00
+      std::numeric_limits<float>::quiet_NaN(),               // canonical NaN 0x7FFF
+      std::ldexp(1.0f, -24),                                 // the smallest subnormal 0x0001
+      std::ldexp(1.0f, -25),                                 // tie -> even 0x0000
+      -3 * std::ldexp(1.0f, -26),                            // above the tie -> 0x8001
+      std::ldexp(1.0f, -14) - std::ldexp(1.0f, -25),         // tie -> the smallest normal 0x0400
+      std::numeric_limits<float>::denorm_min()};             // 0x0000
+  const std::vector<uint16_t> want = {0x3C00, 0x3C02, 0x3C01, 0xC000, 0x2E66,
+                                      0x7BFF, 0x7C00, 0x7C00, 0xFC00, 0x7FFF,
+                                      0x0001, 0x0000, 0x8001, 0x0400, 0x0000};
+  std::vector<uint16_t> out(src.size());
+  cast_f32_to_params(cpu_view(src), BufferView{out.data(), static_cast<int64_t>(out.size()),
+                                               DType::kF16, DeviceKind::kCpu});
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("element " << i);
+    CHECK(out[i] == want[i]);
+  }
+  // Widening is exact: every fp16 value other than NaN converts back to its own bits.
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const auto h = static_cast<uint16_t>(b);
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0) continue;
+    INFO("bits " << b);
+    REQUIRE(f32_to_f16_bits(f16_bits_to_f32(h)) == h);
+  }
+  CHECK(f16_bits_to_f32(0x7BFF) == 65504.0f);
+  CHECK(f16_bits_to_f32(0x0001) == std::ldexp(1.0f, -24));
+  CHECK(std::isnan(f16_bits_to_f32(0x7FFF)));
+}
+
 TEST_CASE("loss scaler: PyTorch GradScaler's dynamic rule, fixed scales, refusals") {
   SECTION(
       "dynamic: 2^16, doubled after `window` clean steps, halved and the step skipped on a "
@@ -388,6 +445,19 @@ TEST_CASE("loss scaler: PyTorch GradScaler's dynamic rule, fixed scales, refusal
     CHECK(!s.enabled());
     CHECK(s.scale() == 1.0);
     CHECK(!s.update(false));
+  }
+  SECTION("auto: dynamic for fp16 gradients, none otherwise") {
+    const LossScaleConfig fp16 = parse_loss_scale("auto", 100, /*fp16=*/true);
+    CHECK(fp16.enabled);
+    CHECK(fp16.dynamic);
+    CHECK(fp16.initial == 65536.0);
+    CHECK(fp16.window == 100);
+    CHECK(!parse_loss_scale("auto", 100, /*fp16=*/false).enabled);
+    CHECK(!parse_loss_scale("auto", 100).enabled);
+    // An explicit choice wins over auto's, fp16 or not.
+    CHECK(!parse_loss_scale("none", 100, /*fp16=*/true).enabled);
+    CHECK(parse_loss_scale("512", 100, /*fp16=*/true).initial == 512.0);
+    CHECK(!parse_loss_scale("512", 100, /*fp16=*/true).dynamic);
   }
   SECTION("bad values are refused by flag") {
     for (const char* bad : {"", "0", "-4", "inf", "nan", "dynamc", "12x"})

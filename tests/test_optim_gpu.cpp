@@ -1,4 +1,4 @@
-// GPU tests of optim/: the CUDA AdamW step, sum_squares and bf16 cast against the CPU
+// GPU tests of optim/: the CUDA AdamW step, sum_squares and the bf16 / fp16 casts against the CPU
 // implementation (the reference) on 1e6+3 random elements, with fp32 gradients and with gradients
 // given as the sum of bf16 terms. Skipped (exit 77) without a GPU.
 #include <cmath>
@@ -61,8 +61,9 @@ int64_t count_rel_mismatch(const std::vector<float>& a, const std::vector<float>
   return bad;
 }
 
-// Elements whose bf16 bit patterns differ by more than one ulp (same sign, adjacent codes).
-int64_t count_bf16_mismatch(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+// Elements whose bf16 (or fp16) bit patterns differ by more than one ulp (same sign, adjacent
+// codes).
+int64_t count_16bit_mismatch(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
   int64_t bad = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     const int d = static_cast<int>(a[i]) - static_cast<int>(b[i]);
@@ -108,12 +109,11 @@ void compare_adamw(DType out_dtype, int64_t offset) {
   if (out_dtype == DType::kF32) {
     CHECK(count_rel_mismatch(download<float>(gpu_out.slice(offset, kN)), cm, 1e-6) == 0);
   } else {
-    // GPU bf16 params vs the CPU's own rounding of its master (exact or within 1 ulp).
+    // GPU 16-bit params vs the CPU's own rounding of its master (exact or within 1 ulp).
     std::vector<uint16_t> cpu_round(kN);
-    cast_f32_to_params(cpu.master(),
-                       BufferView{cpu_round.data(), kN, DType::kBF16, DeviceKind::kCpu});
+    cast_f32_to_params(cpu.master(), BufferView{cpu_round.data(), kN, out_dtype, DeviceKind::kCpu});
     const std::vector<uint16_t> g16 = download<uint16_t>(gpu_out.slice(offset, kN));
-    CHECK(count_bf16_mismatch(g16, cpu_round) == 0);
+    CHECK(count_16bit_mismatch(g16, cpu_round) == 0);
     CHECK(download<uint16_t>(cpu_out.slice(offset, kN)) == cpu_round);
   }
 }
@@ -187,6 +187,11 @@ TEST_CASE("GPU AdamW matches the CPU reference, bf16 params, aligned and unalign
   compare_adamw(DType::kBF16, 1);
 }
 
+TEST_CASE("GPU AdamW matches the CPU reference, fp16 params, aligned and unaligned") {
+  compare_adamw(DType::kF16, 0);
+  compare_adamw(DType::kF16, 1);
+}
+
 TEST_CASE("GPU sum_squares matches the CPU and is deterministic") {
   std::vector<float> h = random_floats(kN, 0.5f, 7);
   DeviceBuffer d = upload(h);
@@ -207,23 +212,32 @@ TEST_CASE("GPU sum_squares matches the CPU and is deterministic") {
 #endif
 }
 
-TEST_CASE("GPU cast_f32_to_params: bf16 rounding equals the CPU's, fp32 is a copy") {
+TEST_CASE("GPU cast_f32_to_params: bf16 and fp16 rounding equal the CPU's, fp32 is a copy") {
   std::vector<float> h = random_floats(kN, 3.0f, 11);
-  h[0] = 1.0f + std::ldexp(1.0f, -8);  // ties to even
+  h[0] = 1.0f + std::ldexp(1.0f, -8);  // ties to even in bf16
   h[1] = 1.0f + 3 * std::ldexp(1.0f, -8);
   h[2] = std::numeric_limits<float>::max();
   h[3] = -std::numeric_limits<float>::infinity();
   h[4] = std::numeric_limits<float>::quiet_NaN();
+  h[5] = 1.0f + std::ldexp(1.0f, -11);  // ties to even in fp16
+  h[6] = 65520.0f;                      // fp16's overflow tie: inf
+  h[7] = std::ldexp(1.0f, -25);         // fp16's subnormal tie: 0
+  h[8] = -3 * std::ldexp(1.0f, -26);    // the smallest fp16 subnormal, negative
+  for (int64_t i = 9; i < 200; ++i) h[i] = std::ldexp(h[i], -20);  // fp16 subnormals
   DeviceBuffer d = upload(h);
+  for (DType t : {DType::kBF16, DType::kF16})
+    for (int64_t offset : {0, 1}) {
+      INFO(dtype_name(t) << " offset " << offset);
+      const int64_t n = kN - offset;
+      std::vector<uint16_t> want(n);
+      cast_f32_to_params(host_view(h).slice(offset, n),
+                         BufferView{want.data(), n, t, DeviceKind::kCpu});
+      DeviceBuffer d16(DeviceKind::kCuda, t, n);
+      cast_f32_to_params(d.slice(offset, n), d16.view());
+      CHECK(download<uint16_t>(d16.view()) == want);
+    }
   for (int64_t offset : {0, 1}) {
     const int64_t n = kN - offset;
-    std::vector<uint16_t> want(n);
-    cast_f32_to_params(host_view(h).slice(offset, n),
-                       BufferView{want.data(), n, DType::kBF16, DeviceKind::kCpu});
-    DeviceBuffer d16(DeviceKind::kCuda, DType::kBF16, n);
-    cast_f32_to_params(d.slice(offset, n), d16.view());
-    CHECK(download<uint16_t>(d16.view()) == want);
-
     DeviceBuffer d32(DeviceKind::kCuda, DType::kF32, n);
     cast_f32_to_params(d.slice(offset, n), d32.view());
     const std::vector<float> back = download<float>(d32.view());

@@ -12,10 +12,10 @@ namespace {
 class CpuReplica final : public Replica {
  public:
   CpuReplica(const ModelConfig& c, const ReplicaOptions& o)
-      : config_(c), layout_(c), model_(c, o.max_batch) {
+      : config_(c), layout_(c), model_(c, o.max_batch, o.recompute) {
     if (o.precision != Precision::kFp32)
       usage_error("--precision {}: the CPU backend computes in fp32 only (use --precision fp32)",
-                  o.precision == Precision::kBf16 ? "bf16" : "tf32");
+                  precision_name(o.precision));
     TRAINER_CHECK(o.flat_elems >= layout_.total(), "flat buffers of {} elements < layout total {}",
                   o.flat_elems, layout_.total());
     TRAINER_CHECK(o.grad_dtype == DType::kF32, "the CPU replica keeps fp32 gradients");

@@ -9,11 +9,6 @@
 namespace trainer::cuda {
 namespace {
 
-template <typename T>
-constexpr DType dtype_of() {
-  return std::is_same_v<T, float> ? DType::kF32 : DType::kBF16;
-}
-
 // forward: P[i, j] = exp(S[i, j] - m_i) / sum_{j' <= i} exp(S[i, j'] - m_i) for j <= i, else 0;
 // m_i = max_{j <= i} S[i, j]. One warp per row of the (B*H*T, T) score matrix; i = row % T.
 template <typename T>
@@ -159,6 +154,11 @@ void attention_forward(Matmul& mm, const __nv_bfloat16* q, const __nv_bfloat16* 
                        int64_t head_dim, bool tf32, cudaStream_t stream) {
   forward_impl(mm, q, k, v, probs, out, scores, out_hm, B, T, H, head_dim, tf32, stream);
 }
+void attention_forward(Matmul& mm, const __half* q, const __half* k, const __half* v, __half* probs,
+                       __half* out, float* scores, __half* out_hm, int64_t B, int64_t T, int64_t H,
+                       int64_t head_dim, bool tf32, cudaStream_t stream) {
+  forward_impl(mm, q, k, v, probs, out, scores, out_hm, B, T, H, head_dim, tf32, stream);
+}
 void attention_backward(Matmul& mm, const float* q, const float* k, const float* v, float* probs,
                         const float* dout, float* dq, float* dk, float* dv, float* scores,
                         float* dout_hm, int64_t B, int64_t T, int64_t H, int64_t head_dim,
@@ -171,6 +171,13 @@ void attention_backward(Matmul& mm, const __nv_bfloat16* q, const __nv_bfloat16*
                         __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* scores,
                         __nv_bfloat16* dout_hm, int64_t B, int64_t T, int64_t H, int64_t head_dim,
                         bool tf32, cudaStream_t stream) {
+  backward_impl(mm, q, k, v, probs, dout, dq, dk, dv, scores, dout_hm, B, T, H, head_dim, tf32,
+                stream);
+}
+void attention_backward(Matmul& mm, const __half* q, const __half* k, const __half* v,
+                        __half* probs, const __half* dout, __half* dq, __half* dk, __half* dv,
+                        float* scores, __half* dout_hm, int64_t B, int64_t T, int64_t H,
+                        int64_t head_dim, bool tf32, cudaStream_t stream) {
   backward_impl(mm, q, k, v, probs, dout, dq, dk, dv, scores, dout_hm, B, T, H, head_dim, tf32,
                 stream);
 }

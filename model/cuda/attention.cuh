@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -30,6 +31,9 @@ void attention_forward(Matmul& mm, const __nv_bfloat16* q, const __nv_bfloat16* 
                        const __nv_bfloat16* v, __nv_bfloat16* probs, __nv_bfloat16* out,
                        float* scores, __nv_bfloat16* out_hm, int64_t B, int64_t T, int64_t H,
                        int64_t head_dim, bool tf32, cudaStream_t stream);
+void attention_forward(Matmul& mm, const __half* q, const __half* k, const __half* v, __half* probs,
+                       __half* out, float* scores, __half* out_hm, int64_t B, int64_t T, int64_t H,
+                       int64_t head_dim, bool tf32, cudaStream_t stream);
 
 // dout: token-major (B, T, H*dh). dq, dk, dv: head-major, overwritten. probs is overwritten with
 // dS (it is not needed afterwards). scores: fp32 scratch of B*H*T*T; dout_hm: scratch of
@@ -43,5 +47,9 @@ void attention_backward(Matmul& mm, const __nv_bfloat16* q, const __nv_bfloat16*
                         __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* scores,
                         __nv_bfloat16* dout_hm, int64_t B, int64_t T, int64_t H, int64_t head_dim,
                         bool tf32, cudaStream_t stream);
+void attention_backward(Matmul& mm, const __half* q, const __half* k, const __half* v,
+                        __half* probs, const __half* dout, __half* dq, __half* dk, __half* dv,
+                        float* scores, __half* dout_hm, int64_t B, int64_t T, int64_t H,
+                        int64_t head_dim, bool tf32, cudaStream_t stream);
 
 }  // namespace trainer::cuda

@@ -4,11 +4,14 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
+#include "core/buffer.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 
@@ -18,9 +21,23 @@ constexpr int kWarp = 32;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The DType of an element type of the model's kernels.
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return DType::kBF16;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return DType::kF16;
+  } else {
+    static_assert(std::is_same_v<T, float>, "kernels run on float, __nv_bfloat16 or __half");
+    return DType::kF32;
+  }
+}
+
 // ---- element conversions: all arithmetic happens in fp32 ----
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
@@ -31,6 +48,10 @@ __device__ __forceinline__ float from_float<float>(float x) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
 }
 
 // ---- packed access: N consecutive elements moved in one instruction (16 bytes at most) ----

@@ -146,6 +146,12 @@ void cross_entropy_forward(const __nv_bfloat16* logits, int64_t ld, const int32_
   launch<__nv_bfloat16, false>(const_cast<__nv_bfloat16*>(logits), ld, targets, losses, loss_sum,
                                counter, n, V, 0.0f, stream);
 }
+void cross_entropy_forward(const __half* logits, int64_t ld, const int32_t* targets, float* losses,
+                           double* loss_sum, unsigned* counter, int64_t n, int64_t V,
+                           cudaStream_t stream) {
+  launch<__half, false>(const_cast<__half*>(logits), ld, targets, losses, loss_sum, counter, n, V,
+                        0.0f, stream);
+}
 void cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* targets,
                                     float* losses, double* loss_sum, unsigned* counter, int64_t n,
                                     int64_t V, float scale, cudaStream_t stream) {
@@ -155,6 +161,11 @@ void cross_entropy_forward_backward(__nv_bfloat16* logits, int64_t ld, const int
                                     float* losses, double* loss_sum, unsigned* counter, int64_t n,
                                     int64_t V, float scale, cudaStream_t stream) {
   launch<__nv_bfloat16, true>(logits, ld, targets, losses, loss_sum, counter, n, V, scale, stream);
+}
+void cross_entropy_forward_backward(__half* logits, int64_t ld, const int32_t* targets,
+                                    float* losses, double* loss_sum, unsigned* counter, int64_t n,
+                                    int64_t V, float scale, cudaStream_t stream) {
+  launch<__half, true>(logits, ld, targets, losses, loss_sum, counter, n, V, scale, stream);
 }
 
 }  // namespace trainer::cuda

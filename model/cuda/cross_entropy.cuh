@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -30,12 +31,18 @@ void cross_entropy_forward(const float* logits, int64_t ld, const int32_t* targe
 void cross_entropy_forward(const __nv_bfloat16* logits, int64_t ld, const int32_t* targets,
                            float* losses, double* loss_sum, unsigned* counter, int64_t n, int64_t V,
                            cudaStream_t stream);
+void cross_entropy_forward(const __half* logits, int64_t ld, const int32_t* targets, float* losses,
+                           double* loss_sum, unsigned* counter, int64_t n, int64_t V,
+                           cudaStream_t stream);
 
 // The same, then logits[i, c] = scale * (softmax - onehot) in place (columns >= V untouched).
 void cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* targets,
                                     float* losses, double* loss_sum, unsigned* counter, int64_t n,
                                     int64_t V, float scale, cudaStream_t stream);
 void cross_entropy_forward_backward(__nv_bfloat16* logits, int64_t ld, const int32_t* targets,
+                                    float* losses, double* loss_sum, unsigned* counter, int64_t n,
+                                    int64_t V, float scale, cudaStream_t stream);
+void cross_entropy_forward_backward(__half* logits, int64_t ld, const int32_t* targets,
                                     float* losses, double* loss_sum, unsigned* counter, int64_t n,
                                     int64_t V, float scale, cudaStream_t stream);
 

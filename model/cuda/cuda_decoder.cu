@@ -13,6 +13,7 @@
 // The logits are copied to pinned host memory and the host waits for them: the sampler needs
 // them before the next token exists.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "core/cuda_check.h"
 #include "core/device_buffer.h"
 #include "core/error.h"
+#include "model/cuda/common.cuh"
 #include "model/cuda/decode_attention.cuh"
 #include "model/cuda/embedding.cuh"
 #include "model/cuda/handles.h"
@@ -58,13 +60,16 @@ class CudaDecoder final : public Decoder {
   void reset() override { pos_ = 0; }
   std::string describe() const override {
     return fmt::format("CUDA decoder on GPU {} ({}), key/value cache for {} positions ({})",
-                       device_, std::is_same_v<T, float> ? "fp32" : "bf16", cfg_.ctx,
+                       device_, kName, cfg_.ctx,
                        mib(static_cast<double>(2 * cache_elems_ * sizeof(T))));
   }
   const float* feed(const int32_t* ids, int64_t count, bool all_positions) override;
 
  private:
-  static constexpr DType kType = std::is_same_v<T, float> ? DType::kF32 : DType::kBF16;
+  static constexpr DType kType = dtype_of<T>();
+  static constexpr const char* kName = kType == DType::kF32    ? "fp32"
+                                       : kType == DType::kBF16 ? "bf16"
+                                                               : "fp16";
 
   const T* P(int64_t offset) const { return params_.as<T>() + offset; }
   // y[n, d_out] (row stride ldy) = x W^T (+ resid), W the tensor at flat offset `w`.
@@ -108,8 +113,8 @@ template <typename T>
 CudaDecoder<T>::CudaDecoder(const ModelConfig& c, const float* params, int device)
     : cfg_(c), layout_(c), device_(device) {
   validate(c);
-  int devices = 0;
-  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  // 0 when the driver is missing or too old for this runtime: a user error, not a crash.
+  const int devices = cuda_device_count();
   if (device < 0 || device >= devices)
     usage_error("GPU {} does not exist: {} CUDA device(s) visible", device, devices);
   CUDA_CHECK(cudaSetDevice(device));
@@ -147,7 +152,7 @@ CudaDecoder<T>::CudaDecoder(const ModelConfig& c, const float* params, int devic
     CUDA_CHECK(cudaMemcpy(params_.as<float>(), params, layout_.total() * sizeof(float),
                           cudaMemcpyHostToDevice));
   } else {
-    // fp32 chunks through a device staging buffer, rounded to bf16 on the device.
+    // fp32 chunks through a device staging buffer, rounded to bf16 or fp16 on the device.
     constexpr int64_t kChunk = int64_t{16} << 20;
     const DeviceBuffer stage(DeviceKind::kCuda, DType::kF32, std::min(kChunk, layout_.total()));
     for (int64_t off = 0; off < layout_.total(); off += kChunk) {
@@ -241,11 +246,17 @@ const float* CudaDecoder<T>::feed(const int32_t* ids, int64_t count, bool all_po
 std::unique_ptr<Decoder> make_cuda_decoder(const ModelConfig& c, const float* params,
                                            Precision precision, int device) {
   TRAINER_CHECK(params != nullptr, "make_cuda_decoder: null parameters");
-  if (precision == Precision::kBf16)
-    return std::make_unique<cuda::CudaDecoder<__nv_bfloat16>>(c, params, device);
-  if (precision == Precision::kFp32)
-    return std::make_unique<cuda::CudaDecoder<float>>(c, params, device);
-  usage_error("the decoder runs in bf16 or fp32, not tf32");
+  switch (precision) {
+    case Precision::kBf16:
+      return std::make_unique<cuda::CudaDecoder<__nv_bfloat16>>(c, params, device);
+    case Precision::kFp16:
+      return std::make_unique<cuda::CudaDecoder<__half>>(c, params, device);
+    case Precision::kFp32:
+      return std::make_unique<cuda::CudaDecoder<float>>(c, params, device);
+    case Precision::kTf32:
+      break;
+  }
+  usage_error("the decoder runs in bf16, fp16 or fp32, not {}", precision_name(precision));
 }
 
 }  // namespace trainer

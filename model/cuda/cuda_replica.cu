@@ -1,8 +1,8 @@
 // The CUDA replica: the Transformer of SPEC.md on one GPU, over the flat parameter and gradient
 // buffers of ParamLayout (see model/replica.h for the contract).
 //
-// Memory: parameters (bf16 or fp32) and gradients (fp32, or bf16 when the ranks exchange them
-// whole) are two flat buffers; every activation and scratch buffer is carved once, in the
+// Memory: parameters (bf16, fp16 or fp32) and gradients (fp32, or bf16 when the ranks exchange
+// them whole) are two flat buffers; every activation and scratch buffer is carved once, in the
 // constructor, out of one allocation sized for (max_batch, ctx). Nothing is allocated afterwards,
 // and nothing in forward or backward waits for the device: token ids travel through pinned staging
 // buffers with cudaMemcpyAsync, losses are summed on the device, and take_loss() / evaluate() are
@@ -26,6 +26,7 @@
 // written, not added) instead of clearing 8 GB for xl first; only the embedding's rows, which
 // backward adds into for the tokens present, are cleared. Later backwards accumulate.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,6 +41,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/cuda/attention.cuh"
+#include "model/cuda/common.cuh"
 #include "model/cuda/cross_entropy.cuh"
 #include "model/cuda/embedding.cuh"
 #include "model/cuda/flash_attention.h"
@@ -57,13 +59,8 @@ namespace {
 
 constexpr float kRmsEps = 1e-5f;
 constexpr double kRopeTheta = 10000.0;
-constexpr int64_t kStagingFloats = int64_t{2} << 20;  // 8 MiB: set_params' fp32 -> bf16 chunks
+constexpr int64_t kStagingFloats = int64_t{2} << 20;  // 8 MiB: set_params' fp32 -> 16-bit chunks
 constexpr int64_t kAlignBytes = 256;
-
-template <typename T>
-constexpr DType dtype_of() {
-  return std::is_same_v<T, float> ? DType::kF32 : DType::kBF16;
-}
 
 std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024)); }
 
@@ -118,10 +115,15 @@ class CudaReplica final : public Replica {
   std::string attention_kernel() const override {
     if (flash_) return "flash (fused, FlashAttention-2 style)";
     if (options_.attention == "simple") return "simple (materialised scores; --attn simple)";
-    return fmt::format(
-        "simple (materialised scores): the flash kernels need bf16 and head dim 16, 32, 64, 80 "
-        "or 128 (here {}, head dim {})",
-        tf32_ ? "tf32" : (std::is_same_v<T, float> ? "fp32" : "bf16"), dh_);
+    if constexpr (std::is_same_v<T, __half>) {
+      return "simple (materialised scores): the flash kernels are bf16 only: fp16 uses the simple "
+             "path";
+    } else {
+      return fmt::format(
+          "simple (materialised scores): the flash kernels need bf16 and head dim 16, 32, 64, 80 "
+          "or 128 (here {}, head dim {})",
+          precision_name(options_.precision), dh_);
+    }
   }
   void synchronize() override {
     use_device();
@@ -179,6 +181,9 @@ class CudaReplica final : public Replica {
   void attention_layer_forward(BlockActs& a, int64_t B, int64_t seq);
   void attention_layer_backward(BlockActs& a, const T* datt, int64_t B, int64_t seq);
   void group_forward(const LinearGroup& gr, const T* x, T* y, int64_t n);
+  // The parts of block l's forward that recompute reruns in backward (into acts_[l]).
+  void attention_half_forward(int64_t l, int64_t B, int64_t seq);
+  void ffn_gate_forward(int64_t l, int64_t n);
   void group_backward(const LinearGroup& gr, const T* x, const T* dy, T* dx, int64_t n,
                       const GradReadyFn& ready);
 
@@ -246,8 +251,8 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   if (o.max_batch <= 0) usage_error("--batch must be positive (got {})", o.max_batch);
   if (o.attention != "flash" && o.attention != "simple")
     usage_error("--attn must be 'flash' or 'simple' (got '{}')", o.attention);
-  int devices = 0;
-  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  // 0 when the driver is missing or too old for this runtime: a user error, not a crash.
+  const int devices = cuda_device_count();
   if (o.device_index < 0 || o.device_index >= devices)
     usage_error("GPU {} does not exist: {} CUDA device(s) visible", o.device_index, devices);
   TRAINER_CHECK(o.flat_elems >= layout_.total(), "flat buffers of {} elements < layout total {}",
@@ -276,7 +281,7 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   L_ = c.n_layers;
   n_max_ = o.max_batch * c.ctx;
   tf32_ = o.precision == Precision::kTf32;
-  // Flash kernels are bf16 only; fp32 and tf32 always use the simple path.
+  // Flash kernels are bf16 only; fp32, tf32 and fp16 always use the simple path.
   flash_ = o.attention == "flash" && std::is_same_v<T, __nv_bfloat16> &&
            flash_attention_supports(static_cast<int>(dh_));
   TRAINER_CHECK(n_max_ < (int64_t{1} << 31) && c.ctx < (int64_t{1} << 31),
@@ -347,7 +352,7 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   if (emb_scratch) emb_scratch_ = DeviceBuffer(DeviceKind::kCuda, DType::kF32, emb_elems);
   emb_grad_ = emb_scratch ? emb_scratch_.as<float>() : static_cast<float*>(G(off_emb_));
   arena_ = DeviceBuffer(DeviceKind::kCuda, DType::kF32, arena_bytes_ / 4);  // zero-filled
-  if (std::is_same_v<T, __nv_bfloat16>)
+  if (!std::is_same_v<T, float>)
     staging_ = DeviceBuffer(DeviceKind::kCuda, DType::kF32, kStagingFloats);
   Carver real(reinterpret_cast<uintptr_t>(arena_.view().data));
   carve(real);
@@ -370,7 +375,7 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
 
   spdlog::info(
       "CUDA replica on GPU {}: {} weights, {} attention, activations {} for {} x {}{}",
-      device_index_, std::is_same_v<T, float> ? (tf32_ ? "fp32 (tf32 matmuls)" : "fp32") : "bf16",
+      device_index_, tf32_ ? "fp32 (tf32 matmuls)" : precision_name(o.precision),
       flash_ ? "flash" : "simple", gib(static_cast<double>(arena_bytes_)), o.max_batch, c.ctx,
       backward_sms_ ? fmt::format(", backward GEMMs on {} SMs", backward_sms_) : std::string());
 }
@@ -387,8 +392,7 @@ void CudaReplica<T>::carve(Carver& cv) {
   const int64_t bht = options_.max_batch * H_ * config_.ctx;  // rows of attention scores
   resid_.assign(L_ + 1, nullptr);
   for (auto& r : resid_) r = cv.take<T>(n * d);
-  acts_.assign(L_, BlockActs{});
-  for (BlockActs& a : acts_) {
+  auto take_attention = [&](BlockActs& a) {
     a.ln1 = cv.take<T>(n * d);
     a.rstd1 = cv.take<float>(n);
     a.q = cv.take<T>(n * d);
@@ -398,10 +402,22 @@ void CudaReplica<T>::carve(Carver& cv) {
     a.lse = flash_ ? cv.take<float>(bht) : nullptr;
     a.att = cv.take<T>(n * d);
     a.h = cv.take<T>(n * d);
+  };
+  auto take_ffn = [&](BlockActs& a) {
     a.ln2 = cv.take<T>(n * d);
     a.rstd2 = cv.take<float>(n);
     a.ba = cv.take<T>(n * 2 * f);
     a.g = cv.take<T>(n * f);
+  };
+  // What backward recomputes lives in one set of buffers that every block's forward overwrites.
+  const Recompute rc = options_.recompute;
+  BlockActs shared{};
+  if (rc == Recompute::kBlock) take_attention(shared);
+  if (rc != Recompute::kNone) take_ffn(shared);
+  acts_.assign(L_, shared);
+  for (BlockActs& a : acts_) {
+    if (rc != Recompute::kBlock) take_attention(a);
+    if (rc == Recompute::kNone) take_ffn(a);
   }
   lnf_ = cv.take<T>(n * d);
   rstdf_ = cv.take<float>(n);
@@ -602,6 +618,37 @@ void CudaReplica<T>::attention_layer_backward(BlockActs& a, const T* datt, int64
                      H_, dh_, tf32_, stream_.s);
 }
 
+// Block l's attention half from its input resid_[l]: ln1, q, k, v (RoPE applied), attention,
+// h = x + att Wo^T.
+template <typename T>
+void CudaReplica<T>::attention_half_forward(int64_t l, int64_t B, int64_t seq) {
+  const int64_t n = B * seq, d = d_;
+  cudaStream_t s = stream_.s;
+  const QkvLayout qkv_layout = flash_ ? QkvLayout::kTokenMajor : QkvLayout::kHeadMajor;
+  const BlockParams& p = blocks_[l];
+  BlockActs& a = acts_[l];
+  rmsnorm_forward(resid_[l], P(p.ln1), a.ln1, a.rstd1, n, d, kRmsEps, s);
+  group_forward(p.vkq, a.ln1, vkq_, n);
+  RopeJobs<T> jobs;
+  jobs.add(vkq_ + 2 * d, a.q, true);
+  jobs.add(vkq_ + d, a.k, true);
+  jobs.add(vkq_, a.v, false);
+  rope(jobs, QkvLayout::kTokenMajor, 3 * d, qkv_layout, d, B, seq, H_, dh_, rope_table_, false, s);
+  attention_layer_forward(a, B, seq);
+  linear_forward(a.att, P(p.o), a.h, d, n, d, d, resid_[l]);
+}
+
+// Block l's feed-forward half up to the gate, from h: ln2, [b | a] = ln2 [W3 | W1]^T,
+// g = silu(a) * b. The output projection (x' = h + g W2^T) is the caller's: recompute skips it.
+template <typename T>
+void CudaReplica<T>::ffn_gate_forward(int64_t l, int64_t n) {
+  const BlockParams& p = blocks_[l];
+  BlockActs& a = acts_[l];
+  rmsnorm_forward(a.h, P(p.ln2), a.ln2, a.rstd2, n, d_, kRmsEps, stream_.s);
+  group_forward(p.w31, a.ln2, a.ba, n);
+  swiglu_forward(a.ba + f_, a.ba, 2 * f_, a.g, n, f_, stream_.s);
+}
+
 template <typename T>
 void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training,
                                  const ParamsNeededFn& need) {
@@ -609,7 +656,6 @@ void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training,
   const int32_t* ids = tokens_;
   const int32_t* targets = tokens_ + n;
   cudaStream_t s = stream_.s;
-  const QkvLayout qkv_layout = flash_ ? QkvLayout::kTokenMajor : QkvLayout::kHeadMajor;
   NvtxRange range("forward");
   announce(need, off_emb_);
   embedding_forward(ids, P(off_emb_), resid_[0], n, d, s);
@@ -618,21 +664,8 @@ void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training,
     const BlockParams& p = blocks_[l];
     BlockActs& a = acts_[l];
     announce(need, p.first);
-    // Attention half.
-    rmsnorm_forward(resid_[l], P(p.ln1), a.ln1, a.rstd1, n, d, kRmsEps, s);
-    group_forward(p.vkq, a.ln1, vkq_, n);
-    RopeJobs<T> jobs;
-    jobs.add(vkq_ + 2 * d, a.q, true);
-    jobs.add(vkq_ + d, a.k, true);
-    jobs.add(vkq_, a.v, false);
-    rope(jobs, QkvLayout::kTokenMajor, 3 * d, qkv_layout, d, B, seq, H_, dh_, rope_table_, false,
-         s);
-    attention_layer_forward(a, B, seq);
-    linear_forward(a.att, P(p.o), a.h, d, n, d, d, resid_[l]);  // h = x + att Wo^T
-    // Feed-forward half.
-    rmsnorm_forward(a.h, P(p.ln2), a.ln2, a.rstd2, n, d, kRmsEps, s);
-    group_forward(p.w31, a.ln2, a.ba, n);
-    swiglu_forward(a.ba + f, a.ba, 2 * f, a.g, n, f, s);
+    attention_half_forward(l, B, seq);
+    ffn_gate_forward(l, n);
     linear_forward(a.g, P(p.w2), resid_[l + 1], d, n, f, d, a.h);  // x' = h + g W2^T
   }
   NvtxRange head_range("lm_head+loss");
@@ -726,6 +759,15 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     NvtxRange layer_range(bwd_names_[l].c_str());
     const BlockParams& p = blocks_[l];
     BlockActs& a = acts_[l];
+    if (options_.recompute != Recompute::kNone) {
+      // The same kernels on the same inputs as forward, so the same bits: on every SM, as forward
+      // ran them (an SM target may select another GEMM algorithm).
+      NvtxRange recompute_range("recompute");
+      mm_->set_sm_target(0);
+      if (options_.recompute == Recompute::kBlock) attention_half_forward(l, B, seq);
+      ffn_gate_forward(l, n);
+      mm_->set_sm_target(backward_sms_);
+    }
     // Feed-forward half: dg = dx' W2, gate backward into [db | da] (over ba), dln2.
     linear_backward_weight(dres_, d, a.g, G(p.w2), n, f, d, 1.0f);
     done(p.i_w2);
@@ -777,8 +819,8 @@ void CudaReplica<T>::set_params(const float* host) {
     CUDA_CHECK(cudaMemcpyAsync(params_.view().data, host, flat_ * sizeof(float),
                                cudaMemcpyHostToDevice, stream_.s));
   } else {
-    // fp32 chunks through the device staging buffer, rounded to bf16 on the device. Stream order
-    // keeps a chunk's copy behind the previous chunk's cast.
+    // fp32 chunks through the device staging buffer, rounded to bf16 or fp16 on the device.
+    // Stream order keeps a chunk's copy behind the previous chunk's cast.
     float* stage = staging_.as<float>();
     for (int64_t off = 0; off < flat_; off += kStagingFloats) {
       const int64_t count = std::min(kStagingFloats, flat_ - off);
@@ -794,8 +836,15 @@ void CudaReplica<T>::set_params(const float* host) {
 }  // namespace cuda
 
 std::unique_ptr<Replica> make_cuda_replica(const ModelConfig& c, const ReplicaOptions& o) {
-  if (o.precision == Precision::kBf16)
-    return std::make_unique<cuda::CudaReplica<__nv_bfloat16>>(c, o);
+  switch (o.precision) {
+    case Precision::kBf16:
+      return std::make_unique<cuda::CudaReplica<__nv_bfloat16>>(c, o);
+    case Precision::kFp16:
+      return std::make_unique<cuda::CudaReplica<__half>>(c, o);
+    case Precision::kFp32:
+    case Precision::kTf32:
+      break;
+  }
   return std::make_unique<cuda::CudaReplica<float>>(c, o);
 }
 

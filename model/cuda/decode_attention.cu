@@ -111,5 +111,10 @@ void decode_attention(const __nv_bfloat16* q, int64_t ldq, const __nv_bfloat16* 
                       int64_t H, int64_t head_dim, cudaStream_t stream) {
   launch(q, ldq, k_cache, v_cache, out, n, pos0, H, head_dim, stream);
 }
+void decode_attention(const __half* q, int64_t ldq, const __half* k_cache, const __half* v_cache,
+                      __half* out, int64_t n, int64_t pos0, int64_t H, int64_t head_dim,
+                      cudaStream_t stream) {
+  launch(q, ldq, k_cache, v_cache, out, n, pos0, H, head_dim, stream);
+}
 
 }  // namespace trainer::cuda

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -27,6 +28,9 @@ void decode_attention(const float* q, int64_t ldq, const float* k_cache, const f
 void decode_attention(const __nv_bfloat16* q, int64_t ldq, const __nv_bfloat16* k_cache,
                       const __nv_bfloat16* v_cache, __nv_bfloat16* out, int64_t n, int64_t pos0,
                       int64_t H, int64_t head_dim, cudaStream_t stream);
+void decode_attention(const __half* q, int64_t ldq, const __half* k_cache, const __half* v_cache,
+                      __half* out, int64_t n, int64_t pos0, int64_t H, int64_t head_dim,
+                      cudaStream_t stream);
 
 // The longest cache (positions) decode_attention handles on the current device.
 int64_t decode_attention_max_len(int64_t head_dim);

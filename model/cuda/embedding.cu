@@ -125,6 +125,10 @@ void embedding_forward(const int32_t* ids, const __nv_bfloat16* table, __nv_bflo
                        int64_t n, int64_t d, cudaStream_t stream) {
   forward_impl(ids, table, out, n, d, stream);
 }
+void embedding_forward(const int32_t* ids, const __half* table, __half* out, int64_t n, int64_t d,
+                       cudaStream_t stream) {
+  forward_impl(ids, table, out, n, d, stream);
+}
 void embedding_backward(const float* dout, const int32_t* bucket_ids, const int32_t* bucket_start,
                         const int32_t* positions, int64_t num_buckets, float* dtable, int64_t d,
                         cudaStream_t stream) {
@@ -133,6 +137,11 @@ void embedding_backward(const float* dout, const int32_t* bucket_ids, const int3
 void embedding_backward(const __nv_bfloat16* dout, const int32_t* bucket_ids,
                         const int32_t* bucket_start, const int32_t* positions, int64_t num_buckets,
                         float* dtable, int64_t d, cudaStream_t stream) {
+  backward_impl(dout, bucket_ids, bucket_start, positions, num_buckets, dtable, d, stream);
+}
+void embedding_backward(const __half* dout, const int32_t* bucket_ids, const int32_t* bucket_start,
+                        const int32_t* positions, int64_t num_buckets, float* dtable, int64_t d,
+                        cudaStream_t stream) {
   backward_impl(dout, bucket_ids, bucket_start, positions, num_buckets, dtable, d, stream);
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -27,6 +28,8 @@ void embedding_forward(const int32_t* ids, const float* table, float* out, int64
                        cudaStream_t stream);
 void embedding_forward(const int32_t* ids, const __nv_bfloat16* table, __nv_bfloat16* out,
                        int64_t n, int64_t d, cudaStream_t stream);
+void embedding_forward(const int32_t* ids, const __half* table, __half* out, int64_t n, int64_t d,
+                       cudaStream_t stream);
 
 // bucket_ids / bucket_start / positions: device copies of build_embedding_buckets' output with
 // num_buckets groups; dout (n, d); dtable (vocab, d) fp32.
@@ -36,5 +39,8 @@ void embedding_backward(const float* dout, const int32_t* bucket_ids, const int3
 void embedding_backward(const __nv_bfloat16* dout, const int32_t* bucket_ids,
                         const int32_t* bucket_start, const int32_t* positions, int64_t num_buckets,
                         float* dtable, int64_t d, cudaStream_t stream);
+void embedding_backward(const __half* dout, const int32_t* bucket_ids, const int32_t* bucket_start,
+                        const int32_t* positions, int64_t num_buckets, float* dtable, int64_t d,
+                        cudaStream_t stream);
 
 }  // namespace trainer::cuda

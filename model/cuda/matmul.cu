@@ -36,6 +36,8 @@ cudaDataType_t cuda_type(DType t) {
       return CUDA_R_32F;
     case DType::kBF16:
       return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
     default:
       break;
   }
@@ -235,11 +237,10 @@ void Matmul::run(const Gemm& g, cudaStream_t stream) {
   TRAINER_CHECK(g.lda >= (g.trans_a ? g.m : g.k) && g.ldb >= (g.trans_b ? g.k : g.n) &&
                     g.ldd >= g.n && (!g.c || g.ldc >= g.n),
                 "matmul: row stride too small in {}", describe(g));
-  TRAINER_CHECK(g.ab_type == DType::kF32 || g.ab_type == DType::kBF16,
-                "matmul: A/B type must be f32 or bf16 in {}", describe(g));
-  TRAINER_CHECK(
-      g.cd_type == DType::kF32 || (g.cd_type == DType::kBF16 && g.ab_type == DType::kBF16),
-      "matmul: C/D type must be f32, or bf16 with bf16 inputs, in {}", describe(g));
+  TRAINER_CHECK(g.ab_type == DType::kF32 || g.ab_type == DType::kBF16 || g.ab_type == DType::kF16,
+                "matmul: A/B type must be f32, bf16 or f16 in {}", describe(g));
+  TRAINER_CHECK(g.cd_type == DType::kF32 || g.cd_type == g.ab_type,
+                "matmul: C/D type must be f32 or the A/B type in {}", describe(g));
   TRAINER_CHECK(!g.tf32 || g.ab_type == DType::kF32, "matmul: tf32 needs fp32 inputs in {}",
                 describe(g));
   TRAINER_CHECK(g.batch < (int64_t{1} << 31), "matmul: batch too large in {}", describe(g));

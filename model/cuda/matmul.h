@@ -8,8 +8,8 @@
 // output projection: D = x W^T + resid).
 //
 // Precision modes: fp32 A/B/C/D with CUBLAS_COMPUTE_32F (true fp32, no TF32), the same with
-// tf32 = true (CUBLAS_COMPUTE_32F_FAST_TF32), or bf16 A/B with bf16 or fp32 C/D and fp32
-// accumulation (CUBLAS_COMPUTE_32F). The algorithm of each distinct problem (shape, strides,
+// tf32 = true (CUBLAS_COMPUTE_32F_FAST_TF32), or bf16 (fp16) A/B with bf16 (fp16) or fp32 C/D and
+// fp32 accumulation (CUBLAS_COMPUTE_32F). The algorithm of each distinct problem (shape, strides,
 // types, pointer alignments) is chosen once with cublasLtMatmulAlgoGetHeuristic and cached with
 // its descriptors, so repeated calls do no host-side set-up and never allocate on the device.
 #pragma once
@@ -41,8 +41,8 @@ struct Gemm {
   float alpha = 1.0f, beta = 0.0f;
   int64_t batch = 1;  // strided batch: entry i starts i * stride_x elements after entry 0
   int64_t stride_a = 0, stride_b = 0, stride_c = 0, stride_d = 0;
-  DType ab_type = DType::kF32;  // kF32 or kBF16
-  DType cd_type = DType::kF32;  // kF32, or kBF16 with bf16 A/B
+  DType ab_type = DType::kF32;  // kF32, kBF16 or kF16
+  DType cd_type = DType::kF32;  // kF32, or ab_type when that is kBF16 or kF16
   bool tf32 = false;            // fp32 A/B only: let the tensor cores round inputs to TF32
 };
 

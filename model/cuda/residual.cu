@@ -87,10 +87,20 @@ void residual_forward(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloa
                       cudaStream_t stream) {
   residual_impl(a, b, out, n, stream);
 }
+void residual_forward(const __half* a, const __half* b, __half* out, int64_t n,
+                      cudaStream_t stream) {
+  residual_impl(a, b, out, n, stream);
+}
 void cast(const float* src, __nv_bfloat16* dst, int64_t n, cudaStream_t stream) {
   cast_impl(src, dst, n, stream);
 }
+void cast(const float* src, __half* dst, int64_t n, cudaStream_t stream) {
+  cast_impl(src, dst, n, stream);
+}
 void cast(const __nv_bfloat16* src, float* dst, int64_t n, cudaStream_t stream) {
+  cast_impl(src, dst, n, stream);
+}
+void cast(const __half* src, float* dst, int64_t n, cudaStream_t stream) {
   cast_impl(src, dst, n, stream);
 }
 

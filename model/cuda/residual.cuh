@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -18,9 +19,13 @@ namespace trainer::cuda {
 void residual_forward(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
 void residual_forward(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* out, int64_t n,
                       cudaStream_t stream);
+void residual_forward(const __half* a, const __half* b, __half* out, int64_t n,
+                      cudaStream_t stream);
 
 // dst = src rounded to the destination type (round to nearest even for bf16).
 void cast(const float* src, __nv_bfloat16* dst, int64_t n, cudaStream_t stream);
+void cast(const float* src, __half* dst, int64_t n, cudaStream_t stream);
 void cast(const __nv_bfloat16* src, float* dst, int64_t n, cudaStream_t stream);
+void cast(const __half* src, float* dst, int64_t n, cudaStream_t stream);
 
 }  // namespace trainer::cuda

@@ -212,6 +212,10 @@ void rmsnorm_forward(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat
                      int64_t n, int64_t d, float eps, cudaStream_t stream) {
   forward_impl(x, w, y, rstd, n, d, eps, stream);
 }
+void rmsnorm_forward(const __half* x, const __half* w, __half* y, float* rstd, int64_t n, int64_t d,
+                     float eps, cudaStream_t stream) {
+  forward_impl(x, w, y, rstd, n, d, eps, stream);
+}
 void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
                       bool accumulate_dx, float* dw, bool accumulate_dw, int64_t n, int64_t d,
                       RmsnormScratch scratch, cudaStream_t stream) {
@@ -221,6 +225,11 @@ void rmsnorm_backward(const __nv_bfloat16* x, const __nv_bfloat16* w, const floa
                       const __nv_bfloat16* dy, __nv_bfloat16* dx, bool accumulate_dx, float* dw,
                       bool accumulate_dw, int64_t n, int64_t d, RmsnormScratch scratch,
                       cudaStream_t stream) {
+  backward_impl(x, w, rstd, dy, dx, accumulate_dx, dw, accumulate_dw, n, d, scratch, stream);
+}
+void rmsnorm_backward(const __half* x, const __half* w, const float* rstd, const __half* dy,
+                      __half* dx, bool accumulate_dx, float* dw, bool accumulate_dw, int64_t n,
+                      int64_t d, RmsnormScratch scratch, cudaStream_t stream) {
   backward_impl(x, w, rstd, dy, dx, accumulate_dx, dw, accumulate_dw, n, d, scratch, stream);
 }
 void rmsnorm_backward(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* rstd,

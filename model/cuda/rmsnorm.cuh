@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -18,6 +19,8 @@ void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int6
                      float eps, cudaStream_t stream);
 void rmsnorm_forward(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, float* rstd,
                      int64_t n, int64_t d, float eps, cudaStream_t stream);
+void rmsnorm_forward(const __half* x, const __half* w, __half* y, float* rstd, int64_t n, int64_t d,
+                     float eps, cudaStream_t stream);
 
 // Scratch for the deterministic dw reduction: row groups write fp32 partial sums, and the last
 // group to finish a column tile adds them up in group order. `partial` holds
@@ -41,6 +44,9 @@ void rmsnorm_backward(const __nv_bfloat16* x, const __nv_bfloat16* w, const floa
                       const __nv_bfloat16* dy, __nv_bfloat16* dx, bool accumulate_dx, float* dw,
                       bool accumulate_dw, int64_t n, int64_t d, RmsnormScratch scratch,
                       cudaStream_t stream);
+void rmsnorm_backward(const __half* x, const __half* w, const float* rstd, const __half* dy,
+                      __half* dx, bool accumulate_dx, float* dw, bool accumulate_dw, int64_t n,
+                      int64_t d, RmsnormScratch scratch, cudaStream_t stream);
 void rmsnorm_backward(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* rstd,
                       const __nv_bfloat16* dy, __nv_bfloat16* dx, bool accumulate_dx,
                       __nv_bfloat16* dw, bool accumulate_dw, int64_t n, int64_t d,

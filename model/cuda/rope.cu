@@ -117,6 +117,11 @@ void rope(const RopeJobs<__nv_bfloat16>& jobs, QkvLayout in_layout, int64_t ld_i
           const float* table, bool inverse, cudaStream_t stream) {
   rope_impl(jobs, in_layout, ld_in, out_layout, ld_out, B, T, H, head_dim, table, inverse, stream);
 }
+void rope(const RopeJobs<__half>& jobs, QkvLayout in_layout, int64_t ld_in, QkvLayout out_layout,
+          int64_t ld_out, int64_t B, int64_t T, int64_t H, int64_t head_dim, const float* table,
+          bool inverse, cudaStream_t stream) {
+  rope_impl(jobs, in_layout, ld_in, out_layout, ld_out, B, T, H, head_dim, table, inverse, stream);
+}
 
 void heads_to_head_major(const float* in, float* out, int64_t B, int64_t T, int64_t H,
                          int64_t head_dim, cudaStream_t stream) {
@@ -126,12 +131,20 @@ void heads_to_head_major(const __nv_bfloat16* in, __nv_bfloat16* out, int64_t B,
                          int64_t H, int64_t head_dim, cudaStream_t stream) {
   relayout(in, out, QkvLayout::kTokenMajor, QkvLayout::kHeadMajor, B, T, H, head_dim, stream);
 }
+void heads_to_head_major(const __half* in, __half* out, int64_t B, int64_t T, int64_t H,
+                         int64_t head_dim, cudaStream_t stream) {
+  relayout(in, out, QkvLayout::kTokenMajor, QkvLayout::kHeadMajor, B, T, H, head_dim, stream);
+}
 void heads_to_token_major(const float* in, float* out, int64_t B, int64_t T, int64_t H,
                           int64_t head_dim, cudaStream_t stream) {
   relayout(in, out, QkvLayout::kHeadMajor, QkvLayout::kTokenMajor, B, T, H, head_dim, stream);
 }
 void heads_to_token_major(const __nv_bfloat16* in, __nv_bfloat16* out, int64_t B, int64_t T,
                           int64_t H, int64_t head_dim, cudaStream_t stream) {
+  relayout(in, out, QkvLayout::kHeadMajor, QkvLayout::kTokenMajor, B, T, H, head_dim, stream);
+}
+void heads_to_token_major(const __half* in, __half* out, int64_t B, int64_t T, int64_t H,
+                          int64_t head_dim, cudaStream_t stream) {
   relayout(in, out, QkvLayout::kHeadMajor, QkvLayout::kTokenMajor, B, T, H, head_dim, stream);
 }
 

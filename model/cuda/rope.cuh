@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -51,6 +52,9 @@ void rope(const RopeJobs<float>& jobs, QkvLayout in_layout, int64_t ld_in, QkvLa
 void rope(const RopeJobs<__nv_bfloat16>& jobs, QkvLayout in_layout, int64_t ld_in,
           QkvLayout out_layout, int64_t ld_out, int64_t B, int64_t T, int64_t H, int64_t head_dim,
           const float* table, bool inverse, cudaStream_t stream);
+void rope(const RopeJobs<__half>& jobs, QkvLayout in_layout, int64_t ld_in, QkvLayout out_layout,
+          int64_t ld_out, int64_t B, int64_t T, int64_t H, int64_t head_dim, const float* table,
+          bool inverse, cudaStream_t stream);
 
 // Moves (B, T, H, dh) token-major rows (row stride H*dh) to head-major (B, H, T, dh) and back;
 // used around the simple attention's batched matmuls.
@@ -58,9 +62,13 @@ void heads_to_head_major(const float* in, float* out, int64_t B, int64_t T, int6
                          int64_t head_dim, cudaStream_t stream);
 void heads_to_head_major(const __nv_bfloat16* in, __nv_bfloat16* out, int64_t B, int64_t T,
                          int64_t H, int64_t head_dim, cudaStream_t stream);
+void heads_to_head_major(const __half* in, __half* out, int64_t B, int64_t T, int64_t H,
+                         int64_t head_dim, cudaStream_t stream);
 void heads_to_token_major(const float* in, float* out, int64_t B, int64_t T, int64_t H,
                           int64_t head_dim, cudaStream_t stream);
 void heads_to_token_major(const __nv_bfloat16* in, __nv_bfloat16* out, int64_t B, int64_t T,
                           int64_t H, int64_t head_dim, cudaStream_t stream);
+void heads_to_token_major(const __half* in, __half* out, int64_t B, int64_t T, int64_t H,
+                          int64_t head_dim, cudaStream_t stream);
 
 }  // namespace trainer::cuda

@@ -100,6 +100,10 @@ void swiglu_forward(const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t ld_a
                     __nv_bfloat16* out, int64_t rows, int64_t cols, cudaStream_t stream) {
   forward_impl(a, b, ld_ab, out, rows, cols, stream);
 }
+void swiglu_forward(const __half* a, const __half* b, int64_t ld_ab, __half* out, int64_t rows,
+                    int64_t cols, cudaStream_t stream) {
+  forward_impl(a, b, ld_ab, out, rows, cols, stream);
+}
 void swiglu_backward(const float* a, const float* b, int64_t ld_ab, const float* dout, float* da,
                      float* db, int64_t ld_d, int64_t rows, int64_t cols, cudaStream_t stream) {
   backward_impl(a, b, ld_ab, dout, da, db, ld_d, rows, cols, stream);
@@ -107,6 +111,11 @@ void swiglu_backward(const float* a, const float* b, int64_t ld_ab, const float*
 void swiglu_backward(const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t ld_ab,
                      const __nv_bfloat16* dout, __nv_bfloat16* da, __nv_bfloat16* db, int64_t ld_d,
                      int64_t rows, int64_t cols, cudaStream_t stream) {
+  backward_impl(a, b, ld_ab, dout, da, db, ld_d, rows, cols, stream);
+}
+void swiglu_backward(const __half* a, const __half* b, int64_t ld_ab, const __half* dout,
+                     __half* da, __half* db, int64_t ld_d, int64_t rows, int64_t cols,
+                     cudaStream_t stream) {
   backward_impl(a, b, ld_ab, dout, da, db, ld_d, rows, cols, stream);
 }
 

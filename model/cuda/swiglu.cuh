@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -19,6 +20,8 @@ void swiglu_forward(const float* a, const float* b, int64_t ld_ab, float* out, i
                     int64_t cols, cudaStream_t stream);
 void swiglu_forward(const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t ld_ab,
                     __nv_bfloat16* out, int64_t rows, int64_t cols, cudaStream_t stream);
+void swiglu_forward(const __half* a, const __half* b, int64_t ld_ab, __half* out, int64_t rows,
+                    int64_t cols, cudaStream_t stream);
 
 // dout: rows x cols contiguous; da, db at row stride ld_d (overwritten; may alias a and b, each
 // element is read before it is written).
@@ -27,5 +30,8 @@ void swiglu_backward(const float* a, const float* b, int64_t ld_ab, const float*
 void swiglu_backward(const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t ld_ab,
                      const __nv_bfloat16* dout, __nv_bfloat16* da, __nv_bfloat16* db, int64_t ld_d,
                      int64_t rows, int64_t cols, cudaStream_t stream);
+void swiglu_backward(const __half* a, const __half* b, int64_t ld_ab, const __half* dout,
+                     __half* da, __half* db, int64_t ld_d, int64_t rows, int64_t cols,
+                     cudaStream_t stream);
 
 }  // namespace trainer::cuda

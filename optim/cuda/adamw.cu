@@ -1,8 +1,10 @@
 // CUDA kernels of the optimizer: the AdamW update (memory bound: 16 bytes read and 12-14 written
 // per element, so float4 loads and a grid-stride loop), the deterministic sum of squares behind
-// the gradient norm, and the fp32 -> bf16 parameter cast. The gradient is one fp32 buffer or the
-// sum of bf16 copies, one per rank (--grad-transport ce --grad-reduce bf16), added as it is read.
+// the gradient norm, and the fp32 -> bf16 / fp16 parameter casts. The gradient is one fp32 buffer
+// or the sum of bf16 copies, one per rank (--grad-transport ce --grad-reduce bf16), added as it is
+// read.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -35,18 +37,26 @@ int grid_for(int64_t work) {
   return static_cast<int>(wanted < 1 ? 1 : (wanted < cap ? wanted : cap));
 }
 
-// ---- stores of one or four updated parameters into fp32 or bf16 ----
+// ---- stores of one or four updated parameters into fp32, bf16 or fp16 ----
 __device__ inline void store1(float* out, int64_t i, float p) { out[i] = p; }
 __device__ inline void store1(__nv_bfloat16* out, int64_t i, float p) {
   out[i] = __float2bfloat16_rn(p);
 }
+__device__ inline void store1(__half* out, int64_t i, float p) { out[i] = __float2half_rn(p); }
 __device__ inline void store4(float* out, int64_t i4, float4 p) {
   reinterpret_cast<float4*>(out)[i4] = p;
 }
-// Four bf16 as one 8-byte store; __floats2bfloat162_rn(a, b) puts a at the lower address.
-__device__ inline void store4(__nv_bfloat16* out, int64_t i4, float4 p) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y);
-  const __nv_bfloat162 hi = __floats2bfloat162_rn(p.z, p.w);
+// Two 16-bit values as one 4-byte word, a at the lower address (the _rn conversions round to
+// nearest even, as the CPU's f32_to_bf16_bits / f32_to_f16_bits do).
+__device__ inline __nv_bfloat162 pack2(const __nv_bfloat16*, float a, float b) {
+  return __floats2bfloat162_rn(a, b);
+}
+__device__ inline __half2 pack2(const __half*, float a, float b) { return __floats2half2_rn(a, b); }
+// Four bf16 or fp16 as one 8-byte store.
+template <typename H>
+__device__ inline void store4(H* out, int64_t i4, float4 p) {
+  const auto lo = pack2(out, p.x, p.y);
+  const auto hi = pack2(out, p.z, p.w);
   uint2 packed;
   packed.x = *reinterpret_cast<const uint32_t*>(&lo);
   packed.y = *reinterpret_cast<const uint32_t*>(&hi);
@@ -107,8 +117,8 @@ auto with_terms(const GradTermsArg& terms, Fn fn) {
 // ---- AdamW: math in adamw_update() (adamw.cuh), shared with the CPU loop ----
 
 // Groups of four elements through float4, grid-stride; the last n % 4 elements are done by the
-// first threads of the grid. All pointers must be 16-byte aligned (out: 16 for fp32, 8 for bf16;
-// bf16 gradient terms 8).
+// first threads of the grid. All pointers must be 16-byte aligned (out: 16 for fp32, 8 for bf16
+// and fp16; bf16 gradient terms 8).
 template <typename OutT, typename Grad>
 __global__ void adamw_vec4_kernel(float* master, float* m, float* v, Grad g, OutT* out, int64_t n,
                                   AdamWStepArgs a) {
@@ -167,13 +177,21 @@ void launch_adamw(float* master, float* m, float* v, const Grad& g, OutT* out, i
 }
 
 template <typename Grad>
-void adamw_any_out(float* master, float* m, float* v, const Grad& g, void* out, bool out_bf16,
+void adamw_any_out(float* master, float* m, float* v, const Grad& g, void* out, DType out_type,
                    int64_t n, const AdamWStepArgs& args, void* stream) {
   if (n == 0) return;
-  if (out_bf16)
-    launch_adamw(master, m, v, g, static_cast<__nv_bfloat16*>(out), n, args, as_stream(stream));
-  else
-    launch_adamw(master, m, v, g, static_cast<float*>(out), n, args, as_stream(stream));
+  const cudaStream_t s = as_stream(stream);
+  switch (out_type) {
+    case DType::kF32:
+      return launch_adamw(master, m, v, g, static_cast<float*>(out), n, args, s);
+    case DType::kBF16:
+      return launch_adamw(master, m, v, g, static_cast<__nv_bfloat16*>(out), n, args, s);
+    case DType::kF16:
+      return launch_adamw(master, m, v, g, static_cast<__half*>(out), n, args, s);
+    case DType::kF64:
+      break;
+  }
+  runtime_error("AdamW writes f32, bf16 or f16 parameters, not {}", dtype_name(out_type));
 }
 
 // ---- sum of squares: sum_i x[i]^2 ----
@@ -219,9 +237,9 @@ __global__ void sum_squares_partials_kernel(Grad x, int64_t n, double* partials)
   }
 }
 
-// ---- fp32 -> bf16 cast of parameters ----
-__global__ void cast_bf16_vec4_kernel(const float* __restrict__ src, __nv_bfloat16* dst,
-                                      int64_t n) {
+// ---- fp32 -> bf16 / fp16 cast of parameters ----
+template <typename OutT>
+__global__ void cast_vec4_kernel(const float* __restrict__ src, OutT* dst, int64_t n) {
   const int64_t n4 = n / 4;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -231,24 +249,38 @@ __global__ void cast_bf16_vec4_kernel(const float* __restrict__ src, __nv_bfloat
   if (j < n) store1(dst, j, src[j]);
 }
 
-__global__ void cast_bf16_scalar_kernel(const float* __restrict__ src, __nv_bfloat16* dst,
-                                        int64_t n) {
+template <typename OutT>
+__global__ void cast_scalar_kernel(const float* __restrict__ src, OutT* dst, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     store1(dst, i, src[i]);
 }
 
+template <typename OutT>
+void launch_cast(const float* src, uint16_t* dst, int64_t n, void* stream) {
+  if (n == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  auto* out = reinterpret_cast<OutT*>(dst);
+  if (aligned(src, 16) && aligned(dst, 8)) {
+    cast_vec4_kernel<<<grid_for(n / 4), kThreads, 0, s>>>(src, out, n);
+    CUDA_CHECK_LAUNCH("cast_vec4_kernel");
+  } else {
+    cast_scalar_kernel<<<grid_for(n), kThreads, 0, s>>>(src, out, n);
+    CUDA_CHECK_LAUNCH("cast_scalar_kernel");
+  }
+}
+
 }  // namespace
 
-void adamw_step(float* master, float* m, float* v, const float* grads, void* out, bool out_bf16,
+void adamw_step(float* master, float* m, float* v, const float* grads, void* out, DType out_type,
                 int64_t n, const AdamWStepArgs& args, void* stream) {
-  adamw_any_out(master, m, v, F32Grad{grads}, out, out_bf16, n, args, stream);
+  adamw_any_out(master, m, v, F32Grad{grads}, out, out_type, n, args, stream);
 }
 
 void adamw_step(float* master, float* m, float* v, const GradTermsArg& grads, void* out,
-                bool out_bf16, int64_t n, const AdamWStepArgs& args, void* stream) {
+                DType out_type, int64_t n, const AdamWStepArgs& args, void* stream) {
   with_terms(grads, [&](const auto& g) {
-    adamw_any_out(master, m, v, g, out, out_bf16, n, args, stream);
+    adamw_any_out(master, m, v, g, out, out_type, n, args, stream);
   });
 }
 
@@ -290,16 +322,11 @@ double sum_squares(const GradTermsArg& x, int64_t n, void* stream) {
 }
 
 void cast_f32_to_bf16(const float* src, uint16_t* dst, int64_t n, void* stream) {
-  if (n == 0) return;
-  const cudaStream_t s = as_stream(stream);
-  auto* out = reinterpret_cast<__nv_bfloat16*>(dst);
-  if (aligned(src, 16) && aligned(dst, 8)) {
-    cast_bf16_vec4_kernel<<<grid_for(n / 4), kThreads, 0, s>>>(src, out, n);
-    CUDA_CHECK_LAUNCH("cast_bf16_vec4_kernel");
-  } else {
-    cast_bf16_scalar_kernel<<<grid_for(n), kThreads, 0, s>>>(src, out, n);
-    CUDA_CHECK_LAUNCH("cast_bf16_scalar_kernel");
-  }
+  launch_cast<__nv_bfloat16>(src, dst, n, stream);
+}
+
+void cast_f32_to_f16(const float* src, uint16_t* dst, int64_t n, void* stream) {
+  launch_cast<__half>(src, dst, n, stream);
 }
 
 void copy_async(void* dst, const void* src, size_t bytes, void* stream) {

@@ -1,6 +1,6 @@
 // What the CPU loop (optim/adamw.cpp, compiled by the host compiler) and the CUDA kernels
-// (optim/cuda/adamw.cu) share: the per-element AdamW update and the bf16 rounding, written once
-// so both backends do the same fp32 operations in the same order, and the CUDA launchers.
+// (optim/cuda/adamw.cu) share: the per-element AdamW update and the bf16 / fp16 rounding, written
+// once so both backends do the same fp32 operations in the same order, and the CUDA launchers.
 //
 // Every multiply-add that could be contracted is written as an explicit fmaf, and nothing else is
 // contractible, so host (-mfma) and device (nvcc --fmad) code round identically.
@@ -12,6 +12,8 @@
 #include <cstring>
 
 #include "core/bf16.h"
+#include "core/buffer.h"
+#include "core/f16.h"
 
 namespace trainer {
 
@@ -52,13 +54,14 @@ namespace cuda {
 // Launchers (defined in adamw.cu). Pointers are device pointers; stream is a cudaStream_t or
 // nullptr; all calls are asynchronous except sum_squares, which synchronises `stream`.
 //
-// master, m, v, grads: n fp32; out: n fp32 (out_bf16 = false) or n bf16 (out_bf16 = true). out may
-// alias master. float4 loads are used when every pointer allows them, scalar loads otherwise.
-void adamw_step(float* master, float* m, float* v, const float* grads, void* out, bool out_bf16,
+// master, m, v, grads: n fp32; out: n elements of out_type (kF32, kBF16 or kF16; the 16-bit
+// types rounded to nearest even). out may alias master (fp32). float4 loads are used when every
+// pointer allows them, scalar loads otherwise.
+void adamw_step(float* master, float* m, float* v, const float* grads, void* out, DType out_type,
                 int64_t n, const AdamWStepArgs& args, void* stream);
 // The same with the gradient = the sum of grads' bf16 terms, each n elements.
 void adamw_step(float* master, float* m, float* v, const GradTermsArg& grads, void* out,
-                bool out_bf16, int64_t n, const AdamWStepArgs& args, void* stream);
+                DType out_type, int64_t n, const AdamWStepArgs& args, void* stream);
 // sum of x[i]^2: each thread accumulates its grid-stride elements in fp32, blocks reduce in double
 // in a fixed order, the block partials are summed on the host in index order (no atomics).
 double sum_squares(const float* x, int64_t n, void* stream);
@@ -66,6 +69,8 @@ double sum_squares(const float* x, int64_t n, void* stream);
 double sum_squares(const GradTermsArg& x, int64_t n, void* stream);
 // dst[i] = bf16(src[i]) with round-to-nearest-even.
 void cast_f32_to_bf16(const float* src, uint16_t* dst, int64_t n, void* stream);
+// dst[i] = fp16(src[i]) with round-to-nearest-even (f32_to_f16_bits' results).
+void cast_f32_to_f16(const float* src, uint16_t* dst, int64_t n, void* stream);
 // Device-to-device copy of `bytes` bytes on `stream`.
 void copy_async(void* dst, const void* src, size_t bytes, void* stream);
 
