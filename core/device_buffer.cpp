@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -15,6 +16,16 @@
 #endif
 
 namespace trainer {
+namespace {
+
+// Bytes held by live DeviceBuffers, per DeviceKind: the allocator's own count.
+std::atomic<int64_t> g_live_bytes[2];
+
+std::atomic<int64_t>& live_bytes(DeviceKind d) { return g_live_bytes[d == DeviceKind::kCuda]; }
+
+}  // namespace
+
+int64_t device_buffer_bytes(DeviceKind device) { return live_bytes(device).load(); }
 
 DeviceBuffer::DeviceBuffer(DeviceKind device, DType dtype, int64_t count) {
   TRAINER_CHECK(count >= 0, "negative buffer size {}", count);
@@ -49,6 +60,7 @@ DeviceBuffer::DeviceBuffer(DeviceKind device, DType dtype, int64_t count) {
     runtime_error("this binary was built without the CUDA backend");
 #endif
   }
+  live_bytes(device) += static_cast<int64_t>(bytes);
 }
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
@@ -58,6 +70,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 
 DeviceBuffer::~DeviceBuffer() {
   if (!view_.data) return;
+  live_bytes(view_.device) -= static_cast<int64_t>(view_.bytes());
   if (view_.device == DeviceKind::kCpu) {
     std::free(view_.data);
   } else {

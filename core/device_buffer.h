@@ -46,6 +46,8 @@ int cuda_device_count();
 std::string cuda_device_uuid(int device);
 // The device's marketing name ("NVIDIA H200"); "" without the CUDA backend or for an invalid index.
 std::string cuda_device_name(int device);
+// Bytes held now by the DeviceBuffers of this process on `device` (the allocator's own count).
+int64_t device_buffer_bytes(DeviceKind device);
 // Memory in use: on CUDA the device's used bytes (total - free, as cudaMemGetInfo sees it); on
 // the CPU the process's peak resident set.
 int64_t memory_in_use(DeviceKind device);

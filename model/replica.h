@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/buffer.h"
 #include "model/config.h"
@@ -50,6 +51,12 @@ struct ReplicaOptions {
   int64_t grad_copies = 0;
   // What forward keeps for backward and what backward recomputes (model/recompute.h).
   Recompute recompute = Recompute::kNone;
+};
+
+// One line of the memory report: what a buffer holds, and its bytes as allocated.
+struct MemoryItem {
+  std::string category;
+  int64_t bytes = 0;
 };
 
 // A micro-batch in host memory: `batch` rows of `seq` token ids each.
@@ -95,6 +102,10 @@ class Replica {
 
   // Bytes of activation memory held for the configured max batch and ctx.
   virtual int64_t activation_bytes() const = 0;
+  // Everything this replica allocated, by category (working weights, gradients, activations kept
+  // per block, attention workspace, logits, scratch, library workspaces): the replica's lines of
+  // the memory report, summing to its whole allocation.
+  virtual std::vector<MemoryItem> memory_plan() const = 0;
   // Which attention implementation forward and backward use, and why when it is not the one
   // asked for (for the start-up log).
   virtual std::string attention_kernel() const = 0;

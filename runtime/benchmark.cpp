@@ -37,6 +37,7 @@ void Run::benchmark(TrainResult& result) {
     replica_->take_loss();
     PhaseTimes t = collect_times(s, s + 1 == warm + n);
     if (s >= warm) mine.push_back(t);
+    if (s == 0) report_memory(1);
   }
   wall.push_back(ms_since(launched));
   const int64_t mem = memory_in_use(device_);

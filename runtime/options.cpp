@@ -134,6 +134,9 @@ Options parse_options(int argc, char** argv) {
                  "every rank is stopped (a peer dead, stuck or cut off)");
   app.add_option("--trace", o.trace,
                  "write a Chrome-trace JSON (Perfetto) of phases and collectives");
+  app.add_option("--memory-report", o.memory_report,
+                 "write the memory plan by category and the memory in use after the first step "
+                 "as JSON (rank 0's; the same table is logged at start-up)");
   app.add_option("--peak-tflops", o.peak_tflops,
                  "dense peak TFLOP/s per device for MFU (known for H100, H200, A100)")
       ->default_str("by GPU and precision");

@@ -51,6 +51,7 @@ struct Options {
   int comm_sms = 0;           // SMs reserved for NCCL while backward runs (0 = NCCL decides)
   double comm_timeout = 300;  // seconds a collective may wait in training before all ranks stop
   std::string trace;          // Chrome-trace JSON of step phases and collectives
+  std::string memory_report;  // JSON: the memory plan by category and what the first step used
   double peak_tflops = 0;     // 0: by device and precision
   // Benchmark mode
   bool benchmark = false;

@@ -111,6 +111,11 @@ class Run {
   TensorSource state_source(BufferView owned);
   void save(int64_t step_done, bool final);
   void write_trace();
+  // After the first step: the device memory in use and the allocator's count against the plan,
+  // logged by rank 0 and written to --memory-report (a collective: every rank calls it).
+  void report_memory(int64_t steps_done);
+  void write_memory_report(int64_t steps_done, int64_t in_use, int64_t allocator,
+                           double max_in_use);
 
   // benchmark.cpp
   void benchmark(TrainResult& result);
@@ -172,6 +177,10 @@ class Run {
   };
   std::vector<PendingGather> gathers_;
   std::unique_ptr<AdamW> opt_;
+  // This rank's allocations by category (the replica's, the optimizer's, the communicators'), and
+  // whether report_memory() has run.
+  std::vector<MemoryItem> memory_plan_;
+  bool memory_reported_ = false;
   std::unique_ptr<GradSync> sync_;
   std::unique_ptr<StepTimer> timer_;
   std::optional<TokenStream> train_, val_;

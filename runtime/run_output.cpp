@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/device_buffer.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/run.h"
@@ -206,6 +207,68 @@ void Run::save(int64_t step_done, bool final) {
     else
       spdlog::info("--keep-last {}: deleted {}", o_.keep_last, older[i].path);
   }
+}
+
+void Run::report_memory(int64_t steps_done) {
+  if (memory_reported_) return;
+  memory_reported_ = true;
+  if (device_ == DeviceKind::kCuda) replica_->synchronize();
+  // On a GPU: the device's used bytes (cudaMemGetInfo); on the CPU: the process's peak RSS.
+  const int64_t in_use = memory_in_use(device_);
+  const int64_t allocator = device_buffer_bytes(device_);
+  const double max_in_use = world_.max(static_cast<double>(in_use));
+  // A failed write stops every rank with rank 0's message.
+  agree_on_usage_errors(world_, [&] {
+    if (rank_ == 0) write_memory_report(steps_done, in_use, allocator, max_in_use);
+  });
+}
+
+void Run::write_memory_report(int64_t steps_done, int64_t in_use, int64_t allocator,
+                              double max_in_use) {
+  int64_t planned = 0;
+  for (const MemoryItem& m : memory_plan_) planned += m.bytes;
+  auto mib = [](double b) { return fmt::format("{:.1f} MiB", b / 1048576.0); };
+  const char* what = device_ == DeviceKind::kCuda ? "in use on the GPU (cudaMemGetInfo)"
+                                                  : "peak resident set of the process";
+  spdlog::info(
+      "memory after step {}: {} {} | the allocator holds {} | planned {} | outside the allocator "
+      "{}{}",
+      steps_done, mib(static_cast<double>(in_use)), what, mib(static_cast<double>(allocator)),
+      mib(static_cast<double>(planned)), mib(static_cast<double>(in_use - allocator)),
+      nranks_ > 1 ? fmt::format(" | most in use on any rank {}", mib(max_in_use)) : "");
+  if (o_.memory_report.empty()) return;
+  json plan = json::array();
+  for (const MemoryItem& m : memory_plan_)
+    plan.push_back({{"category", m.category}, {"bytes", m.bytes}});
+  const ModelConfig& c = o_.config;
+  const json j = {{"model", o_.model},
+                  {"config",
+                   {{"d_model", c.d_model},
+                    {"d_ff", c.d_ff},
+                    {"layers", c.n_layers},
+                    {"heads", c.n_heads},
+                    {"vocab", c.vocab},
+                    {"ctx", c.ctx}}},
+                  {"batch", o_.batch},
+                  {"ranks", nranks_},
+                  {"device", device_ == DeviceKind::kCuda ? "cuda" : "cpu"},
+                  {"gpu", gpu_name_},
+                  {"precision", precision_name(precision_)},
+                  {"recompute", o_.recompute},
+                  {"shard_optim", o_.shard_optim},
+                  {"plan", plan},
+                  {"plan_total_bytes", planned},
+                  {"measured",
+                   {{"after_step", steps_done},
+                    {"what", what},
+                    {"in_use_bytes", in_use},
+                    {"allocator_bytes", allocator},
+                    {"outside_allocator_bytes", in_use - allocator},
+                    {"max_in_use_bytes_any_rank", static_cast<int64_t>(max_in_use)}}}};
+  std::ofstream f(o_.memory_report);
+  f << j.dump(2) << "\n";
+  if (!f.flush()) usage_error("--memory-report {}: writing failed", o_.memory_report);
+  spdlog::info("memory report written to {}", o_.memory_report);
 }
 
 void Run::write_trace() {

@@ -206,6 +206,8 @@ int Run::check_inputs() {
       }
     }
     if (rank_ == 0 && !o_.trace.empty()) check_writable_file("--trace", o_.trace);
+    if (rank_ == 0 && !o_.memory_report.empty())
+      check_writable_file("--memory-report", o_.memory_report);
     if (rank_ == 0 && o_.benchmark && !o_.csv.empty()) {
       check_writable_file("--csv", o_.csv);
       check_csv_header(o_.csv, kCsvHeader);
@@ -340,6 +342,7 @@ void Run::build(int gpu) {
   });
   // Collectives on host buffers go through MPI, on device buffers through NCCL.
   grad_comm_ = &world_;
+  int64_t nccl_bytes = 0;
 #ifdef TRAINER_WITH_CUDA
   if (device_ == DeviceKind::kCuda && nranks_ > 1) {
     NcclOptions no;
@@ -371,8 +374,10 @@ void Run::build(int gpu) {
         no.peer_copy = replica_->grads();
       if (shards_) no.peer_gather = replica_->params();  // ZeRO-1's all-gather too
     }
+    const int64_t before_nccl = memory_in_use(DeviceKind::kCuda);
     nccl_ = make_nccl_communicator(world_, no);
     grad_comm_ = nccl_.get();
+    nccl_bytes = memory_in_use(DeviceKind::kCuda) - before_nccl;
   }
 #endif
 
@@ -381,6 +386,20 @@ void Run::build(int gpu) {
 
   sync_ = std::make_unique<GradSync>(*grad_comm_, tensors, replica_->grads(), strategy,
                                      bucket_bytes, shards_ ? &*shards_ : nullptr, grad_copies_);
+
+  // The memory plan: the replica's lines, the optimizer's, and what else the allocator holds now
+  // (the communicators' staging buffers); NCCL's own memory as measured around its creation.
+  memory_plan_ = replica_->memory_plan();
+  memory_plan_.push_back({"fp32 master weights (this rank's range)", 4 * owned_.size()});
+  memory_plan_.push_back({"AdamW moments m and v (fp32, this rank's range)", 8 * owned_.size()});
+  int64_t planned = 0;
+  for (const MemoryItem& m : memory_plan_) planned += m.bytes;
+  const int64_t other = device_buffer_bytes(device_) - planned;
+  if (other > 0)
+    memory_plan_.push_back({"other buffers (the allocator's count beyond these)", other});
+  if (nccl_bytes > 0)
+    memory_plan_.push_back(
+        {"NCCL communicator and collective staging (measured around their creation)", nccl_bytes});
   timer_ = make_step_timer(device_, replica_->stream());
 #ifdef TRAINER_WITH_CUDA
   if (nccl_) nccl_->set_origin(timer_->origin_event());
@@ -432,6 +451,11 @@ void Run::log_run() {
                      : "",
         mib(opt_bytes[0]), mib(abytes), o_.recompute,
         mib(pbytes + gbytes * grad_buffers + opt_bytes[0] + abytes));
+    int64_t planned = 0;
+    for (const MemoryItem& m : memory_plan_) planned += m.bytes;
+    spdlog::info("memory plan of rank 0 ({} in all):", mib(static_cast<double>(planned)));
+    for (const MemoryItem& m : memory_plan_)
+      spdlog::info("  {:>10}  {}", mib(static_cast<double>(m.bytes)), m.category);
     std::string per_rank;
     for (size_t r = 0; r < opt_bytes.size(); ++r)
       per_rank += fmt::format("{}rank {}: {}", r ? ", " : "", r, mib(opt_bytes[r]));

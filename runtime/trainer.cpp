@@ -66,6 +66,7 @@ void Run::train(TrainResult& result, Clock::time_point started) {
     result.losses.push_back(loss);
     result.loss_scales.push_back(step_scale_);
     result.skipped.push_back(step_skipped_);
+    if (s == start_step_) report_memory(s + 1);
     const std::vector<PhaseTimes> ranks = gather_times(times);
     on_rank0([&] {
       result.rank_times.push_back(ranks);

@@ -3,7 +3,8 @@
 // and --grad-accum 2, must reach the parameters of a one-process run with the same global batch
 // after 10 steps: max |Δ| / max |p| < 1e-5. Also: checkpoints written by N ranks resume on M
 // (N sharded ranks on every M <= N, sharded or not; 2 unsharded ranks on 4 sharded ones); and
-// --recompute ffn / block reach the very parameters of --recompute none.
+// --recompute ffn / block reach the very parameters of --recompute none; --memory-report's plan
+// agrees with the allocator.
 //
 // Built twice: as test_distributed on the CPU backend (MPI), and with TEST_ON_GPU as
 // test_distributed_gpu on one GPU per rank (NCCL): fp32 to 1e-5 after 20 steps, and bf16 losses
@@ -19,7 +20,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -310,6 +313,56 @@ TEST_CASE("recompute ffn and block train to the same parameters as none", "[reco
       CHECK(got.losses == none.losses);
       REQUIRE(got.params == none.params);
     }
+  }
+}
+
+// --memory-report: rank 0's plan lists the weights, gradients, activations and optimizer state
+// of its range; every line but the CPU's activations (vectors of the reference model) and NCCL's
+// (measured, not allocated by us) is an allocation of this process's allocator, so the two
+// counts must agree to the byte.
+TEST_CASE("--memory-report: the plan adds up to what the allocator holds", "[memory-report]") {
+  spdlog::set_level(spdlog::level::err);
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int w = world.world();
+  const std::string path = scratch() + "/memory_w" + std::to_string(w) + ".json";
+  for (bool shard : {false, true}) {
+    std::vector<std::string> args = {"--ddp",           w == 1 ? "none" : "bucketed",
+                                     "--batch",         std::to_string(kGlobalBatch / w),
+                                     "--steps",         "2",
+                                     "--memory-report", path};
+    if (shard) args.push_back("--shard-optim");
+    const Options o = make_options(args);
+    run_training(o, world);
+    world.barrier();
+    if (world.rank() != 0) continue;
+    INFO("world " << w << (shard ? " --shard-optim" : ""));
+    std::ifstream f(path);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    const int64_t flat = ParamLayout(o.config).padded_total(w);
+    const int64_t owned = shard ? flat / w : flat;
+    int64_t sum = 0, outside = 0;
+    std::map<std::string, int64_t> lines;
+    for (const auto& m : j.at("plan")) {
+      const std::string what = m.at("category");
+      const int64_t bytes = m.at("bytes");
+      CHECK(bytes > 0);
+      sum += bytes;
+      lines[what] += bytes;
+      if (what.rfind("activations and backward scratch", 0) == 0 ||
+          what.rfind("NCCL communicator", 0) == 0)
+        outside += bytes;
+    }
+    CHECK(sum == j.at("plan_total_bytes").get<int64_t>());
+    CHECK(j.at("measured").at("allocator_bytes").get<int64_t>() == sum - outside);
+    CHECK(j.at("measured").at("in_use_bytes").get<int64_t>() > 0);
+    CHECK(j.at("measured").at("after_step").get<int64_t>() == 1);
+    CHECK(lines.at("fp32 master weights (this rank's range)") == 4 * owned);
+    CHECK(lines.at("AdamW moments m and v (fp32, this rank's range)") == 8 * owned);
+    CHECK(lines.at("working weights (fp32)") == 4 * flat);
+    CHECK(lines.at("gradients (fp32)") == 4 * flat);
+#ifdef TEST_ON_GPU
+    CHECK(lines.count("cuBLASLt workspace") == 1);
+#endif
   }
 }
 

@@ -1,4 +1,6 @@
 // The CPU reference replica: fp32 flat buffers in host memory around CpuTransformer<float>.
+#include <fmt/format.h>
+
 #include <memory>
 
 #include "core/device_buffer.h"
@@ -72,6 +74,13 @@ class CpuReplica final : public Replica {
   }
 
   int64_t activation_bytes() const override { return model_.activation_bytes(); }
+  std::vector<MemoryItem> memory_plan() const override {
+    return {{"working weights (fp32)", static_cast<int64_t>(params_.bytes())},
+            {"gradients (fp32)", static_cast<int64_t>(grads_.bytes())},
+            {fmt::format("activations and backward scratch (--recompute {})",
+                         recompute_name(model_.recompute())),
+             model_.activation_bytes()}};
+  }
   std::string attention_kernel() const override { return "fp32 reference (materialised scores)"; }
 
  private:

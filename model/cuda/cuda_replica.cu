@@ -112,6 +112,18 @@ class CudaReplica final : public Replica {
   void zero_grads() override;
   void set_params(const float* host) override;
   int64_t activation_bytes() const override { return arena_bytes_; }
+  std::vector<MemoryItem> memory_plan() const override {
+    const auto bytes = [](const DeviceBuffer& b) { return static_cast<int64_t>(b.bytes()); };
+    std::vector<MemoryItem> v = {
+        {fmt::format("working weights ({})", tf32_ ? "fp32" : precision_name(options_.precision)),
+         bytes(params_)},
+        {grad_dtype_ == DType::kF32 ? "gradients (fp32)" : "gradients (bf16)", bytes(grads_)}};
+    if (emb_scratch_.bytes()) v.push_back({"embedding gradient sum (fp32)", bytes(emb_scratch_)});
+    v.insert(v.end(), carve_items_.begin(), carve_items_.end());
+    if (staging_.bytes()) v.push_back({"parameter upload staging (fp32)", bytes(staging_)});
+    v.push_back({"cuBLASLt workspace", static_cast<int64_t>(Matmul::kWorkspaceBytes)});
+    return v;
+  }
   std::string attention_kernel() const override {
     if (flash_) return "flash (fused, FlashAttention-2 style)";
     if (options_.attention == "simple") return "simple (materialised scores; --attn simple)";
@@ -208,6 +220,7 @@ class CudaReplica final : public Replica {
   std::unique_ptr<Matmul> mm_;
   DeviceBuffer params_, grads_, arena_, staging_, emb_scratch_;
   int64_t arena_bytes_ = 0;
+  std::vector<MemoryItem> carve_items_;  // the arena by category, from carve()
 
   // Activations and scratch, carved from arena_.
   std::vector<T*> resid_;  // L + 1 residual stream tensors (n, d); resid_[l] is block l's input
@@ -390,8 +403,22 @@ template <typename T>
 void CudaReplica<T>::carve(Carver& cv) {
   const int64_t n = n_max_, d = d_, f = f_;
   const int64_t bht = options_.max_batch * H_ * config_.ctx;  // rows of attention scores
+  // The memory report's lines: the bytes taken since the previous mark, added to `what`'s line.
+  carve_items_.clear();
+  int64_t marked = 0;
+  auto mark = [&](const std::string& what) {
+    const int64_t bytes = cv.used() - marked;
+    marked = cv.used();
+    for (MemoryItem& m : carve_items_)
+      if (m.category == what) {
+        m.bytes += bytes;
+        return;
+      }
+    if (bytes > 0) carve_items_.push_back({what, bytes});
+  };
   resid_.assign(L_ + 1, nullptr);
   for (auto& r : resid_) r = cv.take<T>(n * d);
+  mark("activations: residual stream (every block's input and the output)");
   auto take_attention = [&](BlockActs& a) {
     a.ln1 = cv.take<T>(n * d);
     a.rstd1 = cv.take<float>(n);
@@ -414,19 +441,26 @@ void CudaReplica<T>::carve(Carver& cv) {
   BlockActs shared{};
   if (rc == Recompute::kBlock) take_attention(shared);
   if (rc != Recompute::kNone) take_ffn(shared);
+  mark(fmt::format("activations: recomputed in backward (--recompute {}; one set for all blocks)",
+                   recompute_name(rc)));
   acts_.assign(L_, shared);
   for (BlockActs& a : acts_) {
     if (rc != Recompute::kBlock) take_attention(a);
     if (rc == Recompute::kNone) take_ffn(a);
   }
+  if (rc != Recompute::kBlock)
+    mark(fmt::format("activations: kept for backward ({:.1f} MiB per block x {})",
+                     static_cast<double>(cv.used() - marked) / L_ / 1048576.0, L_));
   lnf_ = cv.take<T>(n * d);
   rstdf_ = cv.take<float>(n);
   logits_ = cv.take<T>(n * Vp_);
   losses_ = cv.take<float>(n);
+  mark("final norm, logits and per-token loss");
   vkq_ = cv.take<T>(n * 3 * d);
   dq_ = cv.take<T>(n * d);
   dk_ = cv.take<T>(n * d);
   dv_ = cv.take<T>(n * d);
+  mark("backward scratch (gradients of activations, token ids, tables)");
   if (flash_) {
     attn_hm_ = nullptr;
     scores_ = nullptr;
@@ -438,6 +472,8 @@ void CudaReplica<T>::carve(Carver& cv) {
     scores_ = cv.take<float>(bht * config_.ctx);
     flash_ws_ = nullptr;
   }
+  mark(flash_ ? "attention workspace (flash backward)"
+              : "attention workspace (simple: fp32 scores of one block)");
   dres_ = cv.take<T>(n * d);
   dln_ = cv.take<T>(n * d);
   dg_ = cv.take<T>(n * f);
@@ -447,6 +483,7 @@ void CudaReplica<T>::carve(Carver& cv) {
   loss_sum_ = cv.take<double>(2);
   tokens_ = cv.take<int32_t>(5 * n + 1);
   rope_table_ = cv.take<float>(config_.ctx * dh_);
+  mark("backward scratch (gradients of activations, token ids, tables)");
 }
 
 template <typename T>
