@@ -5,6 +5,7 @@
 
 #include "core/log.h"
 #include "runtime/csv.h"
+#include "runtime/floors.h"
 #include "runtime/run.h"
 
 namespace trainer {
@@ -13,7 +14,9 @@ const char* const kCsvHeader =
     "time,model,d_model,d_ff,layers,heads,vocab,ctx,batch,grad_accum,world,device,precision,attn,"
     "ddp,bucket_mb,shard_optim,mode,warmup,steps,forward_ms,forward_std,backward_ms,backward_std,"
     "comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,step_median_ms,tokens_per_s,mfu,"
-    "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,hosts,recompute";
+    "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,hosts,recompute,"
+    "forward_floor_ms,backward_floor_ms,optimizer_floor_ms,gemm_forward_ms,gemm_backward_ms,"
+    "copy_gb_s";
 
 void Run::benchmark(TrainResult& result) {
   const bool backward = o_.bench_mode != "forward";
@@ -41,6 +44,12 @@ void Run::benchmark(TrainResult& result) {
   }
   wall.push_back(ms_since(launched));
   const int64_t mem = memory_in_use(device_);
+  // Rank 0 measures its GPU's floors while the others wait in the gather below.
+  PhaseFloors floors;
+  if (rank_ == 0 && device_ == DeviceKind::kCuda)
+    floors = measure_floors(*replica_, o_.config,
+                            MicroBatch{inputs_.data(), targets_.data(), o_.batch, o_.config.ctx},
+                            owned_.size(), backward);
   // Per-rank times to rank 0.
   std::vector<std::vector<PhaseTimes>> all(n);
   for (int64_t s = 0; s < n; ++s) all[s] = gather_times(mine[s]);
@@ -90,19 +99,47 @@ void Run::benchmark(TrainResult& result) {
   // host reads the loss and the timings. Wall clock per step counts that too.
   spdlog::info("  wall      {:8.3f} ms per step, median (rank 0's host clock, launch to launch)",
                median(wall));
+  if (floors.measured) {
+    spdlog::info(
+        "floors on this GPU (copy {:.0f} GB/s; flash attention at T 4096: forward {:.0f}, backward "
+        "{:.0f} TFLOP/s; the step's GEMMs timed alone):",
+        floors.copy_gb_s, floors.attention_forward_tflops, floors.attention_backward_tflops);
+    auto line = [](const char* phase, double ms, double gemm, int64_t calls, double attn,
+                   double elem) {
+      const double floor = gemm + attn + elem;
+      spdlog::info(
+          "  {:<9} {:8.3f} ms | floor {:.3f} = GEMMs {:.3f} ({} calls) + attention {:.3f} + "
+          "elementwise {:.3f} | {:.2f}x the floor",
+          phase, ms, floor, gemm, calls, attn, elem, floor > 0 ? ms / floor : 0.0);
+    };
+    line("forward", fw.mean, floors.gemm_forward_ms, floors.gemm_forward_calls,
+         floors.attention_forward_ms, floors.elementwise_forward_ms);
+    if (backward)
+      line("backward", bw.mean, floors.gemm_backward_ms, floors.gemm_backward_calls,
+           floors.attention_backward_ms, floors.elementwise_backward_ms);
+    if (step && floors.optimizer_ms > 0)
+      spdlog::info(
+          "  optimizer {:8.3f} ms | floor {:.3f} = {:.2f} GB at the copy bandwidth | "
+          "{:.2f}x the floor",
+          op.mean, floors.optimizer_ms, floors.optimizer_bytes / 1e9,
+          op.mean / floors.optimizer_ms);
+  }
+  if (!floors.note.empty()) spdlog::info("floors: {}", floors.note);
   report_timing(all, 0);
   if (!o_.csv.empty()) {
     const ModelConfig& c = o_.config;
     const std::string row = fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
         "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{},"
-        "{},{}\n",
+        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f}\n",
         std::time(nullptr), o_.model, c.d_model, c.d_ff, c.n_layers, c.n_heads, c.vocab, c.ctx,
         o_.batch, o_.grad_accum, nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu",
         precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
         o_.bench_mode, warm, n, fw.mean, fw.std, bw.mean, bw.std, cm.mean, cm.std, op.mean, op.std,
         st.mean, st.std, med, tok_s, mfu, max_mem / 1073741824.0, o_.grad_reduce, o_.grad_transport,
-        o_.comm_sms, tc.mean, nccl_env_field(), host_count(places_), o_.recompute);
+        o_.comm_sms, tc.mean, nccl_env_field(), host_count(places_), o_.recompute,
+        floors.forward_ms(), floors.backward_ms(), floors.optimizer_ms, floors.gemm_forward_ms,
+        floors.gemm_backward_ms, floors.copy_gb_s);
     append_csv_row(o_.csv, kCsvHeader, row);
   }
 }

@@ -28,6 +28,7 @@
 #include "model/layout.h"
 #include "model/replica.h"
 #include "optim/adamw.h"
+#include "runtime/floors.h"
 #include "tests/catch.h"
 #include "tests/forward_announcements.h"
 
@@ -296,6 +297,42 @@ TEST_CASE("CUDA replica: recompute ffn and block give the very gradients of none
       }
       last_bytes = r->activation_bytes();
     }
+  }
+}
+
+// --benchmark's floors: one step's products are recorded (per block the fused v/k/q, the output
+// projection, the fused w3/w1 and w2, then lm_head; backward a weight and a data product for each;
+// the simple attention adds 2 batched products forward and 4 backward per block) and timed alone;
+// the copy bandwidth and, with flash, the attention throughput are measured; the optimizer's bytes
+// are 32 + the working type's size per element.
+TEST_CASE("benchmark floors record the step's products and measure their parts", "[cuda][floors]") {
+  const ModelConfig c = tiny(10000, 64);
+  const int64_t L = c.n_layers, flat = ParamLayout(c).total();
+  const std::vector<float> params = fresh_params(c, 5);
+  const Batch b = make_batch(2, 64, c.vocab, 9);
+  for (Precision p : {Precision::kBf16, Precision::kFp32}) {
+    const bool flash = p == Precision::kBf16;
+    INFO("precision " << precision_name(p));
+    std::unique_ptr<Replica> r = make_cuda_replica(c, options(c, 2, p, "flash"));
+    r->set_params(params.data());
+    const PhaseFloors f = measure_floors(*r, c, b.mb(), flat, /*backward=*/true);
+    INFO(f.note);
+    REQUIRE(f.measured);
+    CHECK(f.gemm_forward_calls == 4 * L + 1 + (flash ? 0 : 2 * L));
+    CHECK(f.gemm_backward_calls == 8 * L + 2 + (flash ? 0 : 4 * L));
+    CHECK(f.gemm_forward_ms > 0);
+    CHECK(f.gemm_backward_ms > f.gemm_forward_ms);
+    CHECK(f.copy_gb_s > 100);
+    CHECK((f.attention_forward_tflops > 0) == flash);
+    CHECK((f.attention_backward_tflops > 0) == flash);
+    CHECK((f.attention_forward_ms > 0) == flash);
+    CHECK(f.elementwise_forward_ms > 0);
+    CHECK(f.optimizer_bytes == static_cast<double>(flat) * (flash ? 34 : 36));
+    CHECK(f.optimizer_ms > 0);
+    // A forward-only benchmark records no backward.
+    const PhaseFloors fwd_only = measure_floors(*r, c, b.mb(), flat, /*backward=*/false);
+    CHECK(fwd_only.gemm_backward_calls == 0);
+    CHECK(fwd_only.gemm_forward_calls == f.gemm_forward_calls);
   }
 }
 

@@ -128,6 +128,12 @@ std::string describe(const Gemm& g) {
       dtype_name(g.cd_type), g.tf32 ? " tf32" : "", g.alpha, g.beta);
 }
 
+namespace {
+std::vector<Gemm>* g_recorded = nullptr;
+}  // namespace
+
+void record_gemms(std::vector<Gemm>* sink) { g_recorded = sink; }
+
 struct Matmul::Impl {
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer workspace;
@@ -278,6 +284,7 @@ void Matmul::run(const Gemm& g, cudaStream_t stream) {
   LT_CHECK(cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.b, p.a, g.a, p.b, &g.beta, c, p.c, g.d,
                           p.d, &p.algo, impl_->workspace.view().data, kWorkspaceBytes, stream),
            g);
+  if (g_recorded) g_recorded->push_back(g);
 }
 
 }  // namespace trainer::cuda

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/buffer.h"
 #include "core/device_buffer.h"
@@ -53,6 +54,10 @@ Gemm linear_gemm(const void* x, const void* W, void* y, int64_t ldy, int64_t n, 
 
 // One-line description of a problem, for error messages.
 std::string describe(const Gemm& g);
+
+// While `sink` is set, every product any Matmul of this process runs is appended to it (the
+// benchmark's floors time a step's products alone); nullptr stops recording.
+void record_gemms(std::vector<Gemm>* sink);
 
 class Matmul {
  public:

@@ -1,0 +1,55 @@
+// The floor of each phase of a benchmark step on this GPU (--benchmark on CUDA): how long the phase
+// would take if nothing but its unavoidable work ran, each part at a throughput measured here.
+//
+//   forward, backward: the step's own GEMMs (recorded during one step, then each distinct problem
+//     timed alone with the same cuBLASLt plans), plus flash attention's FLOPs at the throughput the
+//     flash kernels reach at T = 4096, plus the elementwise kernels' bytes (norms, RoPE, the gate,
+//     embedding, cross-entropy; estimated from the shapes) at the copy bandwidth;
+//   optimizer: the bytes AdamW and the gradient-norm pass must move, at the copy bandwidth.
+//
+// measured / floor then says how much of a phase is overhead (launch gaps, kernels below their
+// roofline, synchronisation): the next gap to close.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+#include "model/replica.h"
+
+namespace trainer {
+
+struct PhaseFloors {
+  bool measured = false;
+  std::string note;  // what could not be measured, and why
+  // Parts, ms.
+  double gemm_forward_ms = 0, gemm_backward_ms = 0;
+  int64_t gemm_forward_calls = 0, gemm_backward_calls = 0;
+  double attention_forward_ms = 0, attention_backward_ms = 0;      // 0 without flash attention
+  double elementwise_forward_ms = 0, elementwise_backward_ms = 0;  // estimated bytes / bandwidth
+  double optimizer_ms = 0;
+  // What they rest on.
+  double copy_gb_s = 0;  // device-to-device copy, read + write
+  double attention_forward_tflops = 0, attention_backward_tflops = 0;
+  double optimizer_bytes = 0;
+  double forward_ms() const {
+    return gemm_forward_ms + attention_forward_ms + elementwise_forward_ms;
+  }
+  double backward_ms() const {
+    return gemm_backward_ms + attention_backward_ms + elementwise_backward_ms;
+  }
+};
+
+// Causal attention FLOPs of one layer, as the flash kernels compute them: forward 2 B H T^2 dh
+// (QK^T and PV, half of each masked), backward 5 B H T^2 dh (S recomputed, dV, dP, dQ, dK).
+double attention_flops(int64_t B, int64_t T, int64_t H, int64_t dh, bool backward);
+
+// Measures the floors for one micro-batch `mb` of `r` (a CUDA replica; CPU: returns
+// measured = false) whose optimizer updates `optimizer_elems` elements, after the timed steps:
+// runs one more forward and backward (the replica's buffers are overwritten), then the timings.
+// The GPU must have room for two 256 MiB copy buffers and the attention test's tensors; what does
+// not fit is left out and named in `note`.
+PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& mb,
+                           int64_t optimizer_elems, bool backward);
+
+}  // namespace trainer
