@@ -6,6 +6,8 @@
 #   fp16 --loss-scale 1e-6 (every gradient flushed to zero: nothing is learned)
 # Prints, per run, the validation loss at steps 200, 400 and 600, the training loss over the last
 # 50 steps, the final loss scale and the skipped steps; metrics.jsonl of each run stay in OUT_DIR.
+# Exits 1 unless fp16's final validation loss is within 0.02 of fp32's and of bf16's and the forced
+# underflow ends at least 0.5 above it (the check of issue 19's "within noise" on real text).
 #   launch/gpu_precision_text.sh BUILD_DIR DATA_DIR OUT_DIR
 set -uo pipefail
 build=${1:?usage: gpu_precision_text.sh BUILD_DIR DATA_DIR OUT_DIR}
@@ -42,3 +44,22 @@ run fp32 --precision fp32
 run fp16 --precision fp16
 run fp16_unscaled --precision fp16 --loss-scale none
 run fp16_scale_1e-6 --precision fp16 --loss-scale 1e-6
+python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+def final_val(name):
+    try:
+        rows = [json.loads(l) for l in open(f"{out}/{name}/metrics.jsonl")]
+        return [r["val_loss"] for r in rows if "val_loss" in r][-1]
+    except (OSError, IndexError):
+        return None
+v = {n: final_val(n) for n in ("fp32", "bf16", "fp16", "fp16_scale_1e-6")}
+if None in v.values():
+    sys.exit(f"check: a run has no validation loss: {v}")
+ok = (abs(v["fp16"] - v["fp32"]) < 0.02 and abs(v["fp16"] - v["bf16"]) < 0.02
+      and v["fp16_scale_1e-6"] > v["fp16"] + 0.5)
+print(f"check {'passed' if ok else 'FAILED'}: final validation loss fp16 {v['fp16']:.4f}, fp32 "
+      f"{v['fp32']:.4f}, bf16 {v['bf16']:.4f} (within 0.02 wanted), forced underflow "
+      f"{v['fp16_scale_1e-6']:.4f} (0.5 above fp16 wanted)")
+sys.exit(0 if ok else 1)
+PY
