@@ -78,6 +78,8 @@ expect 2 "--mode 'bogus'" "$trainer" "${small[@]}" --benchmark --mode bogus
 expect 2 "--bucket-mb must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --bucket-mb -1
 expect 2 "--trace .*cannot write" "$trainer" "${small[@]}" "${data[@]}" --trace "$tmp/afile/t.json"
 expect 2 "--csv .*cannot write" "$trainer" "${small[@]}" --benchmark --csv "$tmp/afile/r.csv"
+expect 2 "--memory-report .*cannot write" "$trainer" "${small[@]}" "${data[@]}" \
+  --memory-report "$tmp/afile/m.json"
 printf 'time,model,step_ms\n1,tiny,3.0\n' > "$tmp/old.csv"
 expect 2 "--csv .*other columns" "$trainer" "${small[@]}" --benchmark --csv "$tmp/old.csv"
 expect 2 "--frobnicate" "$trainer" "${small[@]}" "${data[@]}" --frobnicate
@@ -263,6 +265,10 @@ expect 2 "need at least .* GiB of host memory" "$trainer" "${small[@]}" "${data[
 # A trace that cannot be written at the end (a full device) is an error, not "trace written".
 expect 2 "--trace /dev/full: writing failed" "$trainer" "${small[@]}" "${data[@]}" --steps 2 \
   --trace /dev/full
+# So is a memory report that cannot be written after the first step, on both ranks, and the
+# run stops there instead of hanging.
+expect 2 "--memory-report /dev/full: writing failed" $mpirun -np 2 "$trainer" "${small[@]}" \
+  "${data[@]}" --batch 1 --steps 2 --memory-report /dev/full
 # An absurd OpenMP thread count is capped to the cores instead of crashing.
 expect 0 "OMP_NUM_THREADS asks for 100000 threads" env OMP_NUM_THREADS=100000 "$trainer" \
   "${small[@]}" "${data[@]}" --steps 2
