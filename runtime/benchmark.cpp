@@ -22,6 +22,7 @@ void Run::benchmark(TrainResult& result) {
   const bool backward = o_.bench_mode != "forward";
   const bool step = o_.bench_mode == "train";
   const int64_t warm = o_.warmup, n = o_.steps;
+  norm_overlap_wanted_ = step;  // only a step with an update uses the norm
   std::vector<PhaseTimes> mine;
   std::vector<double> wall;  // host ms from one step's launch to the next's (timed steps)
   auto launched = Clock::now();
@@ -49,7 +50,13 @@ void Run::benchmark(TrainResult& result) {
   if (rank_ == 0 && device_ == DeviceKind::kCuda)
     floors = measure_floors(*replica_, o_.config,
                             MicroBatch{inputs_.data(), targets_.data(), o_.batch, o_.config.ctx},
-                            owned_.size(), backward);
+                            owned_.size(), backward, /*norm_beside_backward=*/
+#ifdef TRAINER_WITH_CUDA
+                            norm_overlap_ != nullptr && step
+#else
+                            false
+#endif
+    );
   // Per-rank times to rank 0.
   std::vector<std::vector<PhaseTimes>> all(n);
   for (int64_t s = 0; s < n; ++s) all[s] = gather_times(mine[s]);

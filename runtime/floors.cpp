@@ -25,7 +25,7 @@ double attention_flops(int64_t B, int64_t T, int64_t H, int64_t dh, bool backwar
 
 #ifndef TRAINER_WITH_CUDA
 
-PhaseFloors measure_floors(Replica&, const ModelConfig&, const MicroBatch&, int64_t, bool) {
+PhaseFloors measure_floors(Replica&, const ModelConfig&, const MicroBatch&, int64_t, bool, bool) {
   PhaseFloors f;
   f.note = "floors are measured on GPUs only";
   return f;
@@ -77,7 +77,7 @@ double replay_ms(const std::vector<cuda::Gemm>& gemms, cuda::Matmul& mm, cudaStr
 }  // namespace
 
 PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& mb,
-                           int64_t optimizer_elems, bool backward) {
+                           int64_t optimizer_elems, bool backward, bool norm_beside_backward) {
   PhaseFloors f;
   if (r.device() != DeviceKind::kCuda) {
     f.note = "floors are measured on GPUs only";
@@ -172,17 +172,20 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
   // (about 4d each), RoPE (6d), the gate (read 3f, write 2f), and the final norm and the
   // embedding (6d). The optimizer moves 4 + 8 + 8 + 8 bytes (gradient; master, m, v read and
   // written) and writes a working parameter (e) per element, and the gradient-norm pass reads the
-  // gradient again (4).
+  // gradient again (4): in the optimizer phase, or beside backward and then in its floor.
   if (f.copy_gb_s > 0) {
     const double e = static_cast<double>(dtype_size(r.params().dtype));
     const double d = static_cast<double>(c.d_model), ff = static_cast<double>(c.d_ff);
     const double Vp = static_cast<double>((c.vocab + 7) / 8 * 8);
     const double tokens = static_cast<double>(mb.batch * mb.seq);
     const double fwd_bytes = tokens * e * (2 * d + L * (4 * d + 6 * d + 3 * ff) + 2 * d + 2 * Vp);
-    const double bwd_bytes = tokens * e * (L * (8 * d + 6 * d + 5 * ff) + 6 * d);
+    const double norm_bytes = 4.0 * static_cast<double>(optimizer_elems);
+    const double bwd_bytes = tokens * e * (L * (8 * d + 6 * d + 5 * ff) + 6 * d) +
+                             (norm_beside_backward ? norm_bytes : 0.0);
     f.elementwise_forward_ms = fwd_bytes / (f.copy_gb_s * 1e6);
     if (backward) f.elementwise_backward_ms = bwd_bytes / (f.copy_gb_s * 1e6);
-    f.optimizer_bytes = static_cast<double>(optimizer_elems) * (32.0 + e);
+    f.optimizer_bytes =
+        static_cast<double>(optimizer_elems) * (28.0 + e) + (norm_beside_backward ? 0 : norm_bytes);
     f.optimizer_ms = f.optimizer_bytes / (f.copy_gb_s * 1e6);
   }
   for (size_t i = 0; i < missing.size(); ++i) f.note += (i ? "; " : "") + missing[i];

@@ -5,7 +5,8 @@
 //     timed alone with the same cuBLASLt plans), plus flash attention's FLOPs at the throughput the
 //     flash kernels reach at T = 4096, plus the elementwise kernels' bytes (norms, RoPE, the gate,
 //     embedding, cross-entropy; estimated from the shapes) at the copy bandwidth;
-//   optimizer: the bytes AdamW and the gradient-norm pass must move, at the copy bandwidth.
+//   optimizer: the bytes AdamW (and the gradient-norm pass, unless it runs beside backward) must
+//     move, at the copy bandwidth; beside backward, the norm's bytes count in backward's floor.
 //
 // measured / floor then says how much of a phase is overhead (launch gaps, kernels below their
 // roofline, synchronisation): the next gap to close.
@@ -49,7 +50,10 @@ double attention_flops(int64_t B, int64_t T, int64_t H, int64_t dh, bool backwar
 // runs one more forward and backward (the replica's buffers are overwritten), then the timings.
 // The GPU must have room for two 256 MiB copy buffers and the attention test's tensors; what does
 // not fit is left out and named in `note`.
+// norm_beside_backward: the gradient norm's pass runs during backward (one GPU), not in the
+// optimizer phase.
 PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& mb,
-                           int64_t optimizer_elems, bool backward);
+                           int64_t optimizer_elems, bool backward,
+                           bool norm_beside_backward = false);
 
 }  // namespace trainer

@@ -19,6 +19,7 @@
 #include "comm/grad_sync.h"
 #ifdef TRAINER_WITH_CUDA
 #include "comm/nccl_communicator.h"
+#include "optim/cuda/adamw.cuh"
 #endif
 #include "model/replica.h"
 #include "optim/adamw.h"
@@ -177,6 +178,12 @@ class Run {
   };
   std::vector<PendingGather> gathers_;
   std::unique_ptr<AdamW> opt_;
+#ifdef TRAINER_WITH_CUDA
+  // One GPU: the gradient norm's pass runs beside backward (optim/cuda/adamw.cuh), for backwards
+  // that the optimizer follows (norm_overlap_wanted_).
+  std::unique_ptr<cuda::OverlappedSumSquares> norm_overlap_;
+#endif
+  bool norm_overlap_wanted_ = false;
   // This rank's allocations by category (the replica's, the optimizer's, the communicators'), and
   // whether report_memory() has run.
   std::vector<MemoryItem> memory_plan_;

@@ -383,6 +383,16 @@ void Run::build(int gpu) {
 
   agree_on_usage_errors(
       world_, [&] { opt_ = std::make_unique<AdamW>(device_, owned_.size(), o_.adamw()); });
+#ifdef TRAINER_WITH_CUDA
+  // One GPU holds the final gradient as soon as backward writes it: the norm's pass can run then.
+  if (device_ == DeviceKind::kCuda && nranks_ == 1 && replica_->grads().dtype == DType::kF32) {
+    std::vector<int64_t> ends;
+    for (const auto& t : layout_.tensors()) ends.push_back(t.offset + t.numel);
+    ends.back() = flat_;  // the padding after the last tensor is zero
+    norm_overlap_ = std::make_unique<cuda::OverlappedSumSquares>(
+        replica_->grads().as<const float>(), flat_, std::move(ends), replica_->stream());
+  }
+#endif
 
   sync_ = std::make_unique<GradSync>(*grad_comm_, tensors, replica_->grads(), strategy,
                                      bucket_bytes, shards_ ? &*shards_ : nullptr, grad_copies_);

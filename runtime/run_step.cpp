@@ -16,6 +16,7 @@ namespace trainer {
 double Run::train_step(int64_t s, PhaseTimes& times, double& grad_norm) {
   timer_->begin(Phase::kStep);
   replica_->zero_grads();
+  norm_overlap_wanted_ = true;
   forward_backward(s, /*backward=*/true, /*reduce=*/true);
   optimizer_step(s, grad_norm);
   timer_->end(Phase::kStep);
@@ -54,7 +55,18 @@ void Run::forward_backward(int64_t step, bool backward, bool reduce) {
     }
     if (!backward) continue;
     PhaseScope p(*timer_, Phase::kBackward);
-    sync_->begin_backward(reduce && k == o_.grad_accum - 1);
+    const bool last_micro = reduce && k == o_.grad_accum - 1;
+    sync_->begin_backward(last_micro);
+#ifdef TRAINER_WITH_CUDA
+    if (norm_overlap_ && last_micro && norm_overlap_wanted_) norm_overlap_->begin();
+    if (norm_overlap_) {
+      replica_->backward(scale, [this](int i) {
+        sync_->on_ready(i);
+        norm_overlap_->on_ready(i);
+      });
+      continue;
+    }
+#endif
     replica_->backward(scale, [this](int i) { sync_->on_ready(i); });
   }
 }
@@ -115,11 +127,19 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
     nvtxRangePushA("optimizer");  // so nsys timelines show the step like the code reads
 #endif
     // Global norm of the averaged gradient: each rank holds the whole of it, or (ZeRO-1) its shard.
-    double sq = sum_squares(part_of({0, split}), replica_->stream());
+    // On one GPU its pass ran beside backward.
+    bool overlapped = false;
+#ifdef TRAINER_WITH_CUDA
+    overlapped = norm_overlap_ && norm_overlap_->active();
+#endif
+    double sq = overlapped ? 0.0 : sum_squares(part_of({0, split}), replica_->stream());
     timer_->end(Phase::kOptimizer);
     await_grads(flat_);
     timer_->begin(Phase::kOptimizer);
-    sq += sum_squares(part_of({split, owned_.size()}), replica_->stream());
+#ifdef TRAINER_WITH_CUDA
+    if (overlapped) sq = norm_overlap_->total();
+#endif
+    if (!overlapped) sq += sum_squares(part_of({split, owned_.size()}), replica_->stream());
     if (gather) sq = world_.sum(sq);
     // Loss scaling: the gradients are scaled by S; a non-finite one skips the update on every
     // rank (the reduced gradient is the same on all, and they agree on it besides).

@@ -304,7 +304,7 @@ TEST_CASE("CUDA replica: recompute ffn and block give the very gradients of none
 // projection, the fused w3/w1 and w2, then lm_head; backward a weight and a data product for each;
 // the simple attention adds 2 batched products forward and 4 backward per block) and timed alone;
 // the copy bandwidth and, with flash, the attention throughput are measured; the optimizer's bytes
-// are 32 + the working type's size per element.
+// are 32 + the working type's size per element (28 + it with the norm's pass beside backward).
 TEST_CASE("benchmark floors record the step's products and measure their parts", "[cuda][floors]") {
   const ModelConfig c = tiny(10000, 64);
   const int64_t L = c.n_layers, flat = ParamLayout(c).total();
@@ -329,6 +329,10 @@ TEST_CASE("benchmark floors record the step's products and measure their parts",
     CHECK(f.elementwise_forward_ms > 0);
     CHECK(f.optimizer_bytes == static_cast<double>(flat) * (flash ? 34 : 36));
     CHECK(f.optimizer_ms > 0);
+    // With the norm's pass beside backward, its 4 bytes per element move to backward's floor.
+    const PhaseFloors beside = measure_floors(*r, c, b.mb(), flat, true, true);
+    CHECK(beside.optimizer_bytes == static_cast<double>(flat) * (flash ? 30 : 32));
+    CHECK(beside.elementwise_backward_ms > f.elementwise_backward_ms);
     // A forward-only benchmark records no backward.
     const PhaseFloors fwd_only = measure_floors(*r, c, b.mb(), flat, /*backward=*/false);
     CHECK(fwd_only.gemm_backward_calls == 0);

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "core/device_buffer.h"
+#include "core/error.h"
 #include "optim/adamw.h"
+#include "optim/cuda/adamw.cuh"
 #include "tests/catch.h"
 
 #ifdef TRAINER_WITH_CUDA
@@ -211,6 +213,45 @@ TEST_CASE("GPU sum_squares matches the CPU and is deterministic") {
   CUDA_CHECK(cudaStreamDestroy(stream));
 #endif
 }
+
+#ifdef TRAINER_WITH_CUDA
+// The norm's pass beside backward: tensors reported in order launch their partial sums in chunks
+// (here 21 M elements in 40 tensors of uneven sizes, an odd total: several launches, unaligned
+// starts); the total equals sum_squares over the buffer to fp32-accumulation accuracy and is the
+// same on every run; reports out of order, a total before every tensor, and reports outside a
+// begin() are refused or ignored.
+TEST_CASE("the overlapped sum of squares equals sum_squares and is deterministic") {
+  std::vector<int64_t> ends;
+  int64_t n = 0;
+  for (int t = 0; t < 40; ++t) {
+    n += (t % 7 == 3) ? 3 : 300000 + 37 * t + (t % 5) * 1500000;
+    ends.push_back(n);
+  }
+  const std::vector<float> h = random_floats(n, 0.01f, 17);
+  const DeviceBuffer d = upload(h);
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const double want = sum_squares(d.view());
+  cuda::OverlappedSumSquares norm(d.as<const float>(), n, ends, stream);
+  double first = 0;
+  for (int run = 0; run < 2; ++run) {
+    CHECK(!norm.active());
+    norm.on_ready(0);  // ignored: no begin()
+    norm.begin();
+    CHECK(norm.active());
+    for (int t = 0; t < 40; ++t) norm.on_ready(t);
+    const double got = norm.total();
+    CHECK_THAT(got, WithinRel(want, 1e-6));
+    if (run == 0) first = got;
+    CHECK(got == first);
+  }
+  norm.begin();
+  norm.on_ready(0);
+  CHECK_THROWS_AS(norm.on_ready(2), RuntimeError);
+  CHECK_THROWS_AS(norm.total(), RuntimeError);
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+#endif
 
 TEST_CASE("GPU cast_f32_to_params: bf16 and fp16 rounding equal the CPU's, fp32 is a copy") {
   std::vector<float> h = random_floats(kN, 3.0f, 11);

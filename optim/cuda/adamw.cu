@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -332,6 +333,126 @@ void cast_f32_to_f16(const float* src, uint16_t* dst, int64_t n, void* stream) {
 void copy_async(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes == 0 || dst == src) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)));
+}
+
+// ---- the sum of squares beside backward ----
+
+namespace {
+// Elements per side-stream launch at least, and launches per step at most (with many small
+// tensors, per-tensor launches would cost the host more than the overlap saves).
+constexpr int64_t kMinChunk = int64_t{8} << 20;
+constexpr int64_t kMaxChunks = 64;
+// Blocks per launch at most: a wave's worth leaves backward's kernels most of the SMs.
+constexpr int kOverlapBlocks = 128;
+
+int overlap_blocks(int64_t n) {
+  const int64_t wanted = (n + 4 * kThreads - 1) / (4 * kThreads);
+  return static_cast<int>(wanted < kOverlapBlocks ? wanted : kOverlapBlocks);
+}
+}  // namespace
+
+struct OverlappedSumSquares::Impl {
+  const float* grads = nullptr;
+  int64_t n = 0, chunk = 0;
+  std::vector<int64_t> ends;
+  cudaStream_t compute = nullptr, side = nullptr;
+  std::vector<cudaEvent_t> events;  // one per launch of a step
+  double* partials = nullptr;       // device, one per block of every launch
+  double* host = nullptr;           // pinned copy
+  int64_t partial_count = 0;        // of this step
+  int64_t launched_to = 0;          // buffer elements covered so far
+  int64_t launches = 0;             // of this step
+  int next_tensor = 0;
+  bool active = false;
+  int64_t max_partials = 0;
+};
+
+OverlappedSumSquares::OverlappedSumSquares(const float* grads, int64_t n,
+                                           std::vector<int64_t> tensor_ends, void* stream)
+    : impl_(new Impl) {
+  Impl& m = *impl_;
+  TRAINER_CHECK(!tensor_ends.empty() && tensor_ends.back() == n,
+                "overlapped sum of squares: tensor ends must finish at the buffer's {}", n);
+  m.grads = grads;
+  m.n = n;
+  m.ends = std::move(tensor_ends);
+  m.chunk = std::max(kMinChunk, (n + kMaxChunks - 1) / kMaxChunks);
+  m.compute = as_stream(stream);
+  // Bound the launches and their partials from the layout, as on_ready will split it.
+  int64_t begin = 0, launches = 0;
+  for (size_t t = 0; t < m.ends.size(); ++t)
+    if (m.ends[t] - begin >= m.chunk || t + 1 == m.ends.size()) {
+      m.max_partials += overlap_blocks(m.ends[t] - begin);
+      ++launches;
+      begin = m.ends[t];
+    }
+  CUDA_CHECK(cudaStreamCreateWithFlags(&m.side, cudaStreamNonBlocking));
+  m.events.resize(static_cast<size_t>(launches));
+  for (cudaEvent_t& e : m.events) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.partials), m.max_partials * sizeof(double)));
+  CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host), m.max_partials * sizeof(double)));
+}
+
+OverlappedSumSquares::~OverlappedSumSquares() {
+  Impl& m = *impl_;
+  if (m.side) cudaStreamSynchronize(m.side);
+  for (cudaEvent_t e : m.events) cudaEventDestroy(e);
+  cudaFree(m.partials);
+  cudaFreeHost(m.host);
+  if (m.side) cudaStreamDestroy(m.side);
+  delete impl_;
+}
+
+void OverlappedSumSquares::begin() {
+  Impl& m = *impl_;
+  m.active = true;
+  m.partial_count = 0;
+  m.launched_to = 0;
+  m.launches = 0;
+  m.next_tensor = 0;
+}
+
+bool OverlappedSumSquares::active() const { return impl_->active; }
+
+void OverlappedSumSquares::on_ready(int index) {
+  Impl& m = *impl_;
+  if (!m.active) return;
+  TRAINER_CHECK(index == m.next_tensor,
+                "overlapped sum of squares: tensor {} reported, {} expected", index, m.next_tensor);
+  ++m.next_tensor;
+  const int64_t end = m.ends[static_cast<size_t>(index)];
+  if (end - m.launched_to < m.chunk && end != m.n) return;
+  // [launched_to, end) is final on the compute stream: sum it on the side stream.
+  const int64_t count = end - m.launched_to;
+  const int blocks = overlap_blocks(count);
+  cudaEvent_t ev = m.events.at(static_cast<size_t>(m.launches++));
+  CUDA_CHECK(cudaEventRecord(ev, m.compute));
+  CUDA_CHECK(cudaStreamWaitEvent(m.side, ev, 0));
+  const F32Grad x{m.grads + m.launched_to};
+  double* out = m.partials + m.partial_count;
+  if (x.vec_ok()) {
+    sum_squares_partials_kernel<true><<<blocks, kThreads, 0, m.side>>>(x, count, out);
+    CUDA_CHECK_LAUNCH("sum_squares_partials_kernel<vec4> (overlapped)");
+  } else {
+    sum_squares_partials_kernel<false><<<blocks, kThreads, 0, m.side>>>(x, count, out);
+    CUDA_CHECK_LAUNCH("sum_squares_partials_kernel<scalar> (overlapped)");
+  }
+  m.partial_count += blocks;
+  m.launched_to = end;
+}
+
+double OverlappedSumSquares::total() {
+  Impl& m = *impl_;
+  TRAINER_CHECK(m.active && m.launched_to == m.n,
+                "overlapped sum of squares: {} of {} gradient elements were reported",
+                m.launched_to, m.n);
+  CUDA_CHECK(cudaMemcpyAsync(m.host, m.partials, m.partial_count * sizeof(double),
+                             cudaMemcpyDeviceToHost, m.side));
+  CUDA_CHECK(cudaStreamSynchronize(m.side));
+  m.active = false;
+  double sum = 0.0;
+  for (int64_t i = 0; i < m.partial_count; ++i) sum += m.host[i];
+  return sum;
 }
 
 }  // namespace trainer::cuda

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "core/bf16.h"
 #include "core/buffer.h"
@@ -73,6 +74,37 @@ void cast_f32_to_bf16(const float* src, uint16_t* dst, int64_t n, void* stream);
 void cast_f32_to_f16(const float* src, uint16_t* dst, int64_t n, void* stream);
 // Device-to-device copy of `bytes` bytes on `stream`.
 void copy_async(void* dst, const void* src, size_t bytes, void* stream);
+
+// The gradient norm's sum of squares, computed while backward runs (one GPU, fp32 gradients).
+// Backward reports tensors in flat-buffer order; once the ready tensors since the last launch
+// cover `chunk` elements (or the buffer's end), their partial sums are launched on a side stream
+// after an event on backward's stream, so the pass over the gradient overlaps the remaining
+// backward instead of following it. total() waits for the side stream and adds the partials in
+// buffer order: the chunks and their block counts depend only on the layout, so the result is the
+// same on every run.
+class OverlappedSumSquares {
+ public:
+  // grads: n fp32 device elements; tensor_ends: the end offset of each tensor, ascending, the
+  // last equal to n; stream: backward's stream.
+  OverlappedSumSquares(const float* grads, int64_t n, std::vector<int64_t> tensor_ends,
+                       void* stream);
+  ~OverlappedSumSquares();
+  OverlappedSumSquares(const OverlappedSumSquares&) = delete;
+  OverlappedSumSquares& operator=(const OverlappedSumSquares&) = delete;
+
+  // A backward whose gradients are final starts: the next on_ready calls count.
+  void begin();
+  // Backward has enqueued the last write of tensor `index`'s gradient.
+  void on_ready(int index);
+  // True between begin() and total().
+  bool active() const;
+  // Waits for the partial sums (every tensor must have been reported) and returns their sum.
+  double total();
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
 
 }  // namespace cuda
 }  // namespace trainer
