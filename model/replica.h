@@ -59,6 +59,12 @@ struct MemoryItem {
   int64_t bytes = 0;
 };
 
+inline int64_t total_bytes(const std::vector<MemoryItem>& items) {
+  int64_t sum = 0;
+  for (const MemoryItem& m : items) sum += m.bytes;
+  return sum;
+}
+
 // A micro-batch in host memory: `batch` rows of `seq` token ids each.
 struct MicroBatch {
   const int32_t* inputs = nullptr;

@@ -50,13 +50,8 @@ void Run::benchmark(TrainResult& result) {
   if (rank_ == 0 && device_ == DeviceKind::kCuda)
     floors = measure_floors(*replica_, o_.config,
                             MicroBatch{inputs_.data(), targets_.data(), o_.batch, o_.config.ctx},
-                            owned_.size(), backward, /*norm_beside_backward=*/
-#ifdef TRAINER_WITH_CUDA
-                            norm_overlap_ != nullptr && step
-#else
-                            false
-#endif
-    );
+                            owned_.size(), backward,
+                            /*norm_beside_backward=*/has_norm_overlap() && step);
   // Per-rank times to rank 0.
   std::vector<std::vector<PhaseTimes>> all(n);
   for (int64_t s = 0; s < n; ++s) all[s] = gather_times(mine[s]);

@@ -7,6 +7,8 @@
 //   trainer.cpp     the training loop and the early-stop vote
 #pragma once
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -43,6 +45,9 @@ inline double ms_since(Clock::time_point t) {
 inline BufferView host_view(std::vector<float>& v) {
   return BufferView{v.data(), static_cast<int64_t>(v.size()), DType::kF32, DeviceKind::kCpu};
 }
+
+// "12.3 MiB", for the log.
+inline std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
 
 // Beside signal numbers in the ranks' stop vote.
 constexpr int64_t kTimeLimitStop = 1000;
@@ -184,6 +189,13 @@ class Run {
   std::unique_ptr<cuda::OverlappedSumSquares> norm_overlap_;
 #endif
   bool norm_overlap_wanted_ = false;
+  bool has_norm_overlap() const {
+#ifdef TRAINER_WITH_CUDA
+    return norm_overlap_ != nullptr;
+#else
+    return false;
+#endif
+  }
   // This rank's allocations by category (the replica's, the optimizer's, the communicators'), and
   // whether report_memory() has run.
   std::vector<MemoryItem> memory_plan_;

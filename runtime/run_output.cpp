@@ -212,7 +212,6 @@ void Run::save(int64_t step_done, bool final) {
 void Run::report_memory(int64_t steps_done) {
   if (memory_reported_) return;
   memory_reported_ = true;
-  if (device_ == DeviceKind::kCuda) replica_->synchronize();
   // On a GPU: the device's used bytes (cudaMemGetInfo); on the CPU: the process's peak RSS.
   const int64_t in_use = memory_in_use(device_);
   const int64_t allocator = device_buffer_bytes(device_);
@@ -225,9 +224,7 @@ void Run::report_memory(int64_t steps_done) {
 
 void Run::write_memory_report(int64_t steps_done, int64_t in_use, int64_t allocator,
                               double max_in_use) {
-  int64_t planned = 0;
-  for (const MemoryItem& m : memory_plan_) planned += m.bytes;
-  auto mib = [](double b) { return fmt::format("{:.1f} MiB", b / 1048576.0); };
+  const int64_t planned = total_bytes(memory_plan_);
   const char* what = device_ == DeviceKind::kCuda ? "in use on the GPU (cudaMemGetInfo)"
                                                   : "peak resident set of the process";
   spdlog::info(

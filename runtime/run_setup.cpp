@@ -26,8 +26,6 @@ namespace trainer {
 
 namespace {
 
-std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
-
 // The file at `path` can be written: opened for appending (nothing is truncated); a file that
 // the probe itself created is removed again.
 void check_writable_file(const char* flag, const std::string& path) {
@@ -402,9 +400,7 @@ void Run::build(int gpu) {
   memory_plan_ = replica_->memory_plan();
   memory_plan_.push_back({"fp32 master weights (this rank's range)", 4 * owned_.size()});
   memory_plan_.push_back({"AdamW moments m and v (fp32, this rank's range)", 8 * owned_.size()});
-  int64_t planned = 0;
-  for (const MemoryItem& m : memory_plan_) planned += m.bytes;
-  const int64_t other = device_buffer_bytes(device_) - planned;
+  const int64_t other = device_buffer_bytes(device_) - total_bytes(memory_plan_);
   if (other > 0)
     memory_plan_.push_back({"other buffers (the allocator's count beyond these)", other});
   if (nccl_bytes > 0)
@@ -461,9 +457,8 @@ void Run::log_run() {
                      : "",
         mib(opt_bytes[0]), mib(abytes), o_.recompute,
         mib(pbytes + gbytes * grad_buffers + opt_bytes[0] + abytes));
-    int64_t planned = 0;
-    for (const MemoryItem& m : memory_plan_) planned += m.bytes;
-    spdlog::info("memory plan of rank 0 ({} in all):", mib(static_cast<double>(planned)));
+    spdlog::info("memory plan of rank 0 ({} in all):",
+                 mib(static_cast<double>(total_bytes(memory_plan_))));
     for (const MemoryItem& m : memory_plan_)
       spdlog::info("  {:>10}  {}", mib(static_cast<double>(m.bytes)), m.category);
     std::string per_rank;

@@ -59,15 +59,13 @@ void Run::forward_backward(int64_t step, bool backward, bool reduce) {
     sync_->begin_backward(last_micro);
 #ifdef TRAINER_WITH_CUDA
     if (norm_overlap_ && last_micro && norm_overlap_wanted_) norm_overlap_->begin();
-    if (norm_overlap_) {
-      replica_->backward(scale, [this](int i) {
-        sync_->on_ready(i);
-        norm_overlap_->on_ready(i);
-      });
-      continue;
-    }
 #endif
-    replica_->backward(scale, [this](int i) { sync_->on_ready(i); });
+    replica_->backward(scale, [this](int i) {
+      sync_->on_ready(i);
+#ifdef TRAINER_WITH_CUDA
+      if (norm_overlap_) norm_overlap_->on_ready(i);
+#endif
+    });
   }
 }
 

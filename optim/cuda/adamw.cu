@@ -287,6 +287,18 @@ void adamw_step(float* master, float* m, float* v, const GradTermsArg& grads, vo
 
 namespace {
 
+// Stage 1 of the sum of squares of x[0, n): `blocks` partials into partials[0, blocks) on `s`.
+template <typename Grad>
+void launch_partials(const Grad& x, int64_t n, int blocks, double* partials, cudaStream_t s) {
+  if (x.vec_ok()) {
+    sum_squares_partials_kernel<true><<<blocks, kThreads, 0, s>>>(x, n, partials);
+    CUDA_CHECK_LAUNCH("sum_squares_partials_kernel<vec4>");
+  } else {
+    sum_squares_partials_kernel<false><<<blocks, kThreads, 0, s>>>(x, n, partials);
+    CUDA_CHECK_LAUNCH("sum_squares_partials_kernel<scalar>");
+  }
+}
+
 template <typename Grad>
 double sum_squares_of(const Grad& x, int64_t n, void* stream) {
   if (n == 0) return 0.0;
@@ -295,13 +307,7 @@ double sum_squares_of(const Grad& x, int64_t n, void* stream) {
   const int blocks = static_cast<int>(wanted < kMaxReduceBlocks ? wanted : kMaxReduceBlocks);
   double* partials = nullptr;
   CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials), blocks * sizeof(double), s));
-  if (x.vec_ok()) {
-    sum_squares_partials_kernel<true><<<blocks, kThreads, 0, s>>>(x, n, partials);
-    CUDA_CHECK_LAUNCH("sum_squares_partials_kernel<vec4>");
-  } else {
-    sum_squares_partials_kernel<false><<<blocks, kThreads, 0, s>>>(x, n, partials);
-    CUDA_CHECK_LAUNCH("sum_squares_partials_kernel<scalar>");
-  }
+  launch_partials(x, n, blocks, partials, s);
   std::vector<double> host(static_cast<size_t>(blocks));
   CUDA_CHECK(
       cudaMemcpyAsync(host.data(), partials, blocks * sizeof(double), cudaMemcpyDeviceToHost, s));
@@ -364,12 +370,11 @@ struct OverlappedSumSquares::Impl {
   int64_t launches = 0;             // of this step
   int next_tensor = 0;
   bool active = false;
-  int64_t max_partials = 0;
 };
 
 OverlappedSumSquares::OverlappedSumSquares(const float* grads, int64_t n,
                                            std::vector<int64_t> tensor_ends, void* stream)
-    : impl_(new Impl) {
+    : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   TRAINER_CHECK(!tensor_ends.empty() && tensor_ends.back() == n,
                 "overlapped sum of squares: tensor ends must finish at the buffer's {}", n);
@@ -379,18 +384,18 @@ OverlappedSumSquares::OverlappedSumSquares(const float* grads, int64_t n,
   m.chunk = std::max(kMinChunk, (n + kMaxChunks - 1) / kMaxChunks);
   m.compute = as_stream(stream);
   // Bound the launches and their partials from the layout, as on_ready will split it.
-  int64_t begin = 0, launches = 0;
+  int64_t begin = 0, launches = 0, max_partials = 0;
   for (size_t t = 0; t < m.ends.size(); ++t)
     if (m.ends[t] - begin >= m.chunk || t + 1 == m.ends.size()) {
-      m.max_partials += overlap_blocks(m.ends[t] - begin);
+      max_partials += overlap_blocks(m.ends[t] - begin);
       ++launches;
       begin = m.ends[t];
     }
   CUDA_CHECK(cudaStreamCreateWithFlags(&m.side, cudaStreamNonBlocking));
   m.events.resize(static_cast<size_t>(launches));
   for (cudaEvent_t& e : m.events) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.partials), m.max_partials * sizeof(double)));
-  CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host), m.max_partials * sizeof(double)));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.partials), max_partials * sizeof(double)));
+  CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host), max_partials * sizeof(double)));
 }
 
 OverlappedSumSquares::~OverlappedSumSquares() {
@@ -400,7 +405,6 @@ OverlappedSumSquares::~OverlappedSumSquares() {
   cudaFree(m.partials);
   cudaFreeHost(m.host);
   if (m.side) cudaStreamDestroy(m.side);
-  delete impl_;
 }
 
 void OverlappedSumSquares::begin() {
@@ -428,15 +432,8 @@ void OverlappedSumSquares::on_ready(int index) {
   cudaEvent_t ev = m.events.at(static_cast<size_t>(m.launches++));
   CUDA_CHECK(cudaEventRecord(ev, m.compute));
   CUDA_CHECK(cudaStreamWaitEvent(m.side, ev, 0));
-  const F32Grad x{m.grads + m.launched_to};
-  double* out = m.partials + m.partial_count;
-  if (x.vec_ok()) {
-    sum_squares_partials_kernel<true><<<blocks, kThreads, 0, m.side>>>(x, count, out);
-    CUDA_CHECK_LAUNCH("sum_squares_partials_kernel<vec4> (overlapped)");
-  } else {
-    sum_squares_partials_kernel<false><<<blocks, kThreads, 0, m.side>>>(x, count, out);
-    CUDA_CHECK_LAUNCH("sum_squares_partials_kernel<scalar> (overlapped)");
-  }
+  launch_partials(F32Grad{m.grads + m.launched_to}, count, blocks, m.partials + m.partial_count,
+                  m.side);
   m.partial_count += blocks;
   m.launched_to = end;
 }
