@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "comm/cuda/convert.h"
@@ -374,7 +375,8 @@ TEMPLATE_TEST_CASE("embedding forward and deterministic backward match the CPU",
 
 TEMPLATE_TEST_CASE("rmsnorm forward and backward match the CPU", "[cuda]", float, bf16, f16) {
   using T = TestType;
-  for (int64_t n : {int64_t{34}, int64_t{300}})
+  // 2000 rows: the gain gradient's row groups reach their cap.
+  for (int64_t n : {int64_t{34}, int64_t{300}, int64_t{2000}})
     for (int64_t d : {int64_t{128}, int64_t{80}, int64_t{100}, int64_t{6}}) {
       INFO("n " << n << " d " << d);
       const std::vector<float> x = quantized<T>(randn(n * d, 1.5f, 11));
@@ -428,9 +430,11 @@ TEMPLATE_TEST_CASE("rmsnorm forward and backward match the CPU", "[cuda]", float
 
 TEMPLATE_TEST_CASE("rope forward and backward match the CPU", "[cuda]", float, bf16, f16) {
   using T = TestType;
-  const int64_t B = 2, seq = 17, H = 2;
-  for (int64_t dh : {int64_t{80}, int64_t{16}, int64_t{6}}) {
-    INFO("head_dim " << dh);
+  const int64_t B = 2, seq = 17;
+  // 27 heads of 80: more heads than one block holds, so the heads split over blocks.
+  for (auto [H, dh] :
+       std::vector<std::pair<int64_t, int64_t>>{{2, 80}, {2, 16}, {2, 6}, {27, 80}}) {
+    INFO("heads " << H << " head_dim " << dh);
     const int64_t d = H * dh, n = B * seq;
     const std::vector<float> table = cuda::rope_table(seq, dh, 10000.0);
     Dev<float> table_d = upload<float>(table);
@@ -545,7 +549,8 @@ TEMPLATE_TEST_CASE("swiglu forward and in-place backward match the CPU", "[cuda]
                    f16) {
   using T = TestType;
   const int64_t rows = 34;
-  for (int64_t f : {int64_t{512}, int64_t{100}, int64_t{7}}) {
+  // 4096: a row longer than one block of 256 threads covers (bf16 and fp16: 512 packs of 8).
+  for (int64_t f : {int64_t{512}, int64_t{100}, int64_t{7}, int64_t{4096}}) {
     INFO("d_ff " << f);
     // One (rows, 2f) matrix [b | a], as the fused w3/w1 matmul writes it.
     const std::vector<float> ba = quantized<T>(randn(rows * 2 * f, 2.0f, 41));

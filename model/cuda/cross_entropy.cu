@@ -17,6 +17,20 @@ struct MaxSum {
       s += expf(x - m);
     }
   }
+  // kV values at once: one rescale of the running sum per pack.
+  template <typename T, int kV>
+  __device__ void add_pack(const Pack<T, kV>& p) {
+    float mx = to_float(p.v[0]);
+#pragma unroll
+    for (int k = 1; k < kV; ++k) mx = fmaxf(mx, to_float(p.v[k]));
+    if (!(mx <= m)) {  // a larger max, or NaN (which then spreads to s)
+      s *= expf(m - mx);
+      m = mx;
+    }
+    if (m == -INFINITY) return;  // every value so far is -inf
+#pragma unroll
+    for (int k = 0; k < kV; ++k) s += expf(to_float(p.v[k]) - m);
+  }
   __device__ static MaxSum merge(MaxSum a, MaxSum b) {
     MaxSum r;
     r.m = fmaxf(a.m, b.m);
@@ -26,9 +40,7 @@ struct MaxSum {
   }
 };
 
-__device__ MaxSum block_max_sum(MaxSum v, float* sm, float* ss) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int warps = blockDim.x / kWarp;
+__device__ MaxSum warp_max_sum(MaxSum v) {
 #pragma unroll
   for (int o = kWarp / 2; o > 0; o /= 2) {
     MaxSum other;
@@ -36,14 +48,30 @@ __device__ MaxSum block_max_sum(MaxSum v, float* sm, float* ss) {
     other.s = __shfl_xor_sync(0xffffffffu, v.s, o);
     v = MaxSum::merge(v, other);
   }
+  return v;
+}
+
+// Merged over the block: each warp by shuffles, then warp 0 over the warps' results (a fixed
+// order, so deterministic); every thread gets the result.
+__device__ MaxSum block_max_sum(MaxSum v, float* sm, float* ss) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  v = warp_max_sum(v);
   if (lane == 0) {
     sm[warp] = v.m;
     ss[warp] = v.s;
   }
   __syncthreads();
-  MaxSum r;
-  for (int w = 0; w < warps; ++w) r = MaxSum::merge(r, MaxSum{sm[w], ss[w]});
-  return r;
+  if (warp == 0) {
+    v = lane < warps ? MaxSum{sm[lane], ss[lane]} : MaxSum{};
+    v = warp_max_sum(v);
+    if (lane == 0) {
+      sm[kWarp] = v.m;
+      ss[kWarp] = v.s;
+    }
+  }
+  __syncthreads();
+  return MaxSum{sm[kWarp], ss[kWarp]};
 }
 
 __device__ double warp_sum_double(double v) {
@@ -57,7 +85,7 @@ template <typename T, int kV, bool kGrad>
 __global__ void cross_entropy_kernel(T* logits, int64_t ld, const int32_t* __restrict__ targets,
                                      float* __restrict__ losses, double* loss_sum,
                                      unsigned* counter, int64_t n, int V, float scale) {
-  __shared__ float sm[32], ss[32];
+  __shared__ float sm[kWarp + 1], ss[kWarp + 1];
   __shared__ double sd[32];
   __shared__ bool last;
   const int64_t row = blockIdx.x;
@@ -68,9 +96,7 @@ __global__ void cross_entropy_kernel(T* logits, int64_t ld, const int32_t* __res
   const int v_vec = V / kV * kV;
   MaxSum acc;
   for (int c = threadIdx.x * kV; c < v_vec; c += blockDim.x * kV) {
-    const Pack<T, kV> p = load_pack<kV>(l + c);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) acc.add(to_float(p.v[k]));
+    acc.add_pack(load_pack<kV>(l + c));
   }
   for (int c = v_vec + threadIdx.x; c < V; c += blockDim.x) acc.add(to_float(l[c]));
   const MaxSum tot = block_max_sum(acc, sm, ss);
@@ -120,7 +146,7 @@ void launch(T* logits, int64_t ld, const int32_t* targets, float* losses, double
                 "cross_entropy: loss_sum and counter go together");
   TRAINER_CHECK(n < (int64_t{1} << 31), "cross_entropy: {} rows", n);
   if (n == 0) return;
-  const int threads = V >= 8192 ? 512 : (V >= 1024 ? 256 : 128);
+  const int threads = V >= 16384 ? 512 : (V >= 1024 ? 256 : 128);
   const int Vi = static_cast<int>(V);
   if (vector_width<T>({logits}, {ld}) == kPack<T>)
     cross_entropy_kernel<T, kPack<T>, kGrad><<<static_cast<unsigned>(n), threads, 0, stream>>>(

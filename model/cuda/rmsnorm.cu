@@ -8,8 +8,8 @@
 namespace trainer::cuda {
 namespace {
 
-constexpr int kMaxGroups = 64;  // row groups of the dw reduction (partial sums per column)
-constexpr int kRowsY = 8;       // threadIdx.y extent of the dw kernel
+constexpr int kMaxGroups = 128;  // row groups of the dw reduction (partial sums per column)
+constexpr int kRowsY = 8;        // threadIdx.y extent of the dw kernel
 
 // forward: r = 1/sqrt(mean(x^2) + eps); y = x * r * w. One warp per row.
 template <typename T, int kV>
@@ -99,6 +99,7 @@ __global__ void rmsnorm_backward_dw_kernel(const T* __restrict__ x, const float*
 #pragma unroll
   for (int k = 0; k < kV; ++k) acc[k] = 0.0f;
   if (c < d) {
+#pragma unroll 4
     for (int64_t i = r0 + ty; i < r1; i += kRowsY) {
       const float r = rstd[i];
       const Pack<T, kV> xp = load_pack<kV>(x + i * d + c);
@@ -122,13 +123,16 @@ __global__ void rmsnorm_backward_dw_kernel(const T* __restrict__ x, const float*
     // The last group of this tile: thread (tx, ty) sums groups ty, ty + kRowsY, ...; then row 0 of
     // the block adds the kRowsY sums in order.
 #pragma unroll
-  for (int k = 0; k < kV; ++k) {
-    float s = 0.0f;
-    if (c < d)
-      for (unsigned g = ty; g < gridDim.y; g += kRowsY)
-        s += load_cg(partial + static_cast<int64_t>(g) * d + c + k);
-    red[ty][tx * kV + k] = s;
-  }
+  for (int k = 0; k < kV; ++k) acc[k] = 0.0f;
+  if (c < d)
+#pragma unroll 4  // 4 groups' loads in flight: this tail is a chain of L2 round trips
+    for (unsigned g = ty; g < gridDim.y; g += kRowsY) {
+      const float* p = partial + static_cast<int64_t>(g) * d + c;
+#pragma unroll
+      for (int k = 0; k < kV; ++k) acc[k] += load_cg(p + k);  // kV loads in flight per group
+    }
+#pragma unroll
+  for (int k = 0; k < kV; ++k) red[ty][tx * kV + k] = acc[k];
   __syncthreads();
   if (ty == 0 && c < d) {
 #pragma unroll
@@ -161,9 +165,11 @@ template <typename T, int kV, typename DW>
 void launch_dw(const T* x, const float* rstd, const T* dy, DW* dw, bool accumulate, int64_t n,
                int64_t d, RmsnormScratch s, cudaStream_t stream) {
   const int64_t tiles = ceil_div(d, kWarp * kV);
-  // About 256 blocks in all, at least 8 rows per group, at most kMaxGroups groups.
-  int64_t groups = std::clamp<int64_t>(ceil_div(256, tiles), 1, kMaxGroups);
-  groups = std::min(groups, std::max<int64_t>(1, ceil_div(n, 8)));
+  // About 1024 blocks in all (8 per SM: the column sums are a stream of loads, which needs many
+  // in flight), at most kMaxGroups groups, and at least 32 rows per group (4 per thread), so that
+  // the last block's pass over the groups' partials stays short when there are few rows.
+  int64_t groups = std::clamp<int64_t>(ceil_div(1024, tiles), 1, kMaxGroups);
+  groups = std::min(groups, std::max<int64_t>(1, ceil_div(n, 32)));
   const int64_t rows_per_group = ceil_div(n, groups);
   groups = ceil_div(n, rows_per_group);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(groups));

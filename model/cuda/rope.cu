@@ -1,4 +1,5 @@
 // RoPE and attention-operand layout changes (see rope.cuh for the math).
+#include <algorithm>
 #include <cmath>
 
 #include "model/cuda/common.cuh"
@@ -9,38 +10,55 @@ namespace {
 
 // forward:  (x0, x1) -> (x0 c - x1 s, x0 s + x1 c)
 // backward: (g0, g1) -> (g0 c + g1 s, -g0 s + g1 c)   (the same with s negated)
-// One thread moves kV consecutive channels (kV/2 pairs, never straddling a head) of one row of
-// one job; blockIdx.y selects the job. Position t = row % T.
-template <typename T, int kV>
+// One thread moves kV consecutive channels (kV/2 pairs) of one head, in kRows rows of one job
+// (its loads issued together, so that enough bytes are in flight for a copy-like kernel).
+// Threads (x: packs of a head, y: heads, z: rows), blocks (x: row groups, y: head groups, z: job):
+// the indices need no division but one 32-bit split of each row into (b, t).
+template <typename T, int kV, int kRows>
 __global__ void rope_kernel(RopeJobs<T> jobs, bool in_head_major, int64_t ld_in,
                             bool out_head_major, int64_t ld_out, int64_t n, int T_, int H, int dh,
                             const float2* __restrict__ table, bool inverse) {
-  const int job = blockIdx.y;
-  const int d = H * dh;
-  const int chunks = d / kV;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= n * chunks) return;
-  const int64_t row = idx / chunks;
-  const int c = static_cast<int>(idx % chunks) * kV;
-  const int64_t b = row / T_;
-  const int t = static_cast<int>(row % T_);
-  const int h = c / dh, e = c % dh;
-  const int64_t hm = ((b * H + h) * T_ + t) * dh + e;  // head-major offset
-  const int64_t src = in_head_major ? hm : row * ld_in + c;
-  const int64_t dst = out_head_major ? hm : row * ld_out + c;
-  Pack<T, kV> x = load_pack<kV>(jobs.in[job] + src);
-  if (jobs.rotate[job]) {
-    const float2* cs = table + static_cast<int64_t>(t) * (dh / 2) + e / 2;
+  // Constant indices only: indexing the parameter arrays with blockIdx.z would copy them to
+  // local memory in every thread.
+  const int job = blockIdx.z;
+  const T* in = job == 0 ? jobs.in[0] : job == 1 ? jobs.in[1] : jobs.in[2];
+  T* out = job == 0 ? jobs.out[0] : job == 1 ? jobs.out[1] : jobs.out[2];
+  const bool rotate = job == 0 ? jobs.rotate[0] : job == 1 ? jobs.rotate[1] : jobs.rotate[2];
+  const int h = blockIdx.y * blockDim.y + threadIdx.y;
+  if (h >= H) return;
+  const int e = threadIdx.x * kV;
+  const int c = h * dh + e;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows * blockDim.z + threadIdx.z;
+  Pack<T, kV> x[kRows];
+  int t[kRows];
+  int64_t dst[kRows];
 #pragma unroll
-    for (int p = 0; p < kV / 2; ++p) {
-      const float2 w = cs[p];
-      const float co = w.x, si = inverse ? -w.y : w.y;
-      const float x0 = to_float(x.v[2 * p]), x1 = to_float(x.v[2 * p + 1]);
-      x.v[2 * p] = from_float<T>(x0 * co - x1 * si);
-      x.v[2 * p + 1] = from_float<T>(x0 * si + x1 * co);
-    }
+  for (int u = 0; u < kRows; ++u) {
+    const int64_t row = row0 + static_cast<int64_t>(u) * blockDim.z;
+    t[u] = -1;
+    if (row >= n) continue;
+    const unsigned b = static_cast<unsigned>(row) / static_cast<unsigned>(T_);  // n < 2^31
+    t[u] = static_cast<int>(static_cast<unsigned>(row) - b * static_cast<unsigned>(T_));
+    const int64_t hm = ((static_cast<int64_t>(b) * H + h) * T_ + t[u]) * dh + e;  // head-major
+    dst[u] = out_head_major ? hm : row * ld_out + c;
+    x[u] = load_pack<kV>(in + (in_head_major ? hm : row * ld_in + c));
   }
-  store_pack<kV>(jobs.out[job] + dst, x);
+#pragma unroll
+  for (int u = 0; u < kRows; ++u) {
+    if (t[u] < 0) continue;
+    if (rotate) {
+      const float2* cs = table + static_cast<int64_t>(t[u]) * (dh / 2) + e / 2;
+#pragma unroll
+      for (int p = 0; p < kV / 2; ++p) {
+        const float2 w = cs[p];
+        const float co = w.x, si = inverse ? -w.y : w.y;
+        const float x0 = to_float(x[u].v[2 * p]), x1 = to_float(x[u].v[2 * p + 1]);
+        x[u].v[2 * p] = from_float<T>(x0 * co - x1 * si);
+        x[u].v[2 * p + 1] = from_float<T>(x0 * si + x1 * co);
+      }
+    }
+    store_pack<kV>(out + dst[u], x[u]);
+  }
 }
 
 template <typename T>
@@ -68,17 +86,25 @@ void rope_impl(const RopeJobs<T>& jobs, QkvLayout in_layout, int64_t ld_in, QkvL
   for (int j = 0; j < jobs.count; ++j)
     wide = wide && vector_width<T>({jobs.in[j], jobs.out[j]}, {}) == kPack<T>;
   const int vec = wide ? kPack<T> : 2;
-  const int threads = 256;
-  const dim3 grid(static_cast<unsigned>(ceil_div(n * (d / vec), threads)),
+  // About 256 threads a block: a head's packs, as many heads as fit (split evenly), then rows.
+  const int64_t bx = dh / vec;
+  TRAINER_CHECK(bx <= 1024 && n < (int64_t{1} << 31), "rope: head_dim {} or {} rows too large", dh,
+                n);
+  const int64_t splits = ceil_div(H, std::max<int64_t>(1, 256 / bx));
+  const int64_t hy = ceil_div(H, splits);
+  const int64_t rz = std::clamp<int64_t>(256 / (bx * hy), 1, 64);
+  const dim3 block(static_cast<unsigned>(bx), static_cast<unsigned>(hy), static_cast<unsigned>(rz));
+  constexpr int kRows = 4;
+  const dim3 grid(static_cast<unsigned>(ceil_div(n, rz * kRows)), static_cast<unsigned>(splits),
                   static_cast<unsigned>(jobs.count));
   const auto* t2 = reinterpret_cast<const float2*>(table);
   const int Ti = static_cast<int>(T_), Hi = static_cast<int>(H), dhi = static_cast<int>(dh);
   if (wide)
-    rope_kernel<T, kPack<T>><<<grid, threads, 0, stream>>>(jobs, in_hm, ld_in, out_hm, ld_out, n,
-                                                           Ti, Hi, dhi, t2, inverse);
+    rope_kernel<T, kPack<T>, kRows><<<grid, block, 0, stream>>>(jobs, in_hm, ld_in, out_hm, ld_out,
+                                                                n, Ti, Hi, dhi, t2, inverse);
   else
-    rope_kernel<T, 2><<<grid, threads, 0, stream>>>(jobs, in_hm, ld_in, out_hm, ld_out, n, Ti, Hi,
-                                                    dhi, t2, inverse);
+    rope_kernel<T, 2, kRows><<<grid, block, 0, stream>>>(jobs, in_hm, ld_in, out_hm, ld_out, n, Ti,
+                                                         Hi, dhi, t2, inverse);
   CUDA_CHECK_LAUNCH("rope_kernel");
 }
 
