@@ -7,9 +7,11 @@
 #include <functional>
 #include <random>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "model/cpu/ops.h"
+#include "model/embedding_buckets.h"
 #include "tests/catch.h"
 
 using namespace trainer::cpu;
@@ -333,4 +335,39 @@ TEST_CASE("float layers agree with double across the range of exp") {
     CHECK_THAT(double(daf[i]), WithinAbs(dad[i], 1e-6 * std::abs(dad[i]) + 1e-30));
     CHECK_THAT(double(dbf[i]), WithinAbs(dbd[i], 1e-6 * std::abs(dbd[i]) + 1e-30));
   }
+}
+
+TEST_CASE("embedding buckets: ids ascending, positions ascending within each id", "[cpu]") {
+  std::vector<int32_t> scratch;
+  std::mt19937 rng(71);
+  for (int32_t vocab : {1, 7, 10000, 50257})
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{33}, int64_t{4096}}) {
+      INFO("vocab " << vocab << " n " << n);
+      std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
+      std::vector<int32_t> ids(n);
+      for (int32_t& v : ids) v = pick(rng);
+      std::vector<int32_t> b_ids(n), b_start(n + 1), b_pos(n);
+      const int64_t groups = trainer::build_embedding_buckets(ids.data(), n, scratch, b_ids.data(),
+                                                              b_start.data(), b_pos.data());
+      // The reference: (id, position) pairs sorted, then split where the id changes.
+      std::vector<std::pair<int32_t, int32_t>> ref;
+      for (int64_t i = 0; i < n; ++i) ref.push_back({ids[i], static_cast<int32_t>(i)});
+      std::sort(ref.begin(), ref.end());
+      std::vector<int32_t> ref_ids, ref_start;
+      for (int64_t i = 0; i < n; ++i)
+        if (i == 0 || ref[i].first != ref[i - 1].first) {
+          ref_ids.push_back(ref[i].first);
+          ref_start.push_back(static_cast<int32_t>(i));
+        }
+      REQUIRE(groups == static_cast<int64_t>(ref_ids.size()));
+      CHECK(std::vector<int32_t>(b_ids.begin(), b_ids.begin() + groups) == ref_ids);
+      CHECK(std::vector<int32_t>(b_start.begin(), b_start.begin() + groups) == ref_start);
+      CHECK(b_start[groups] == n);
+      for (int64_t i = 0; i < n; ++i) CHECK(b_pos[i] == ref[i].second);
+    }
+  const int32_t bad[] = {3, -1};
+  std::vector<int32_t> o(2), st(3), pos(2);
+  CHECK_THROWS_WITH(
+      trainer::build_embedding_buckets(bad, 2, scratch, o.data(), st.data(), pos.data()),
+      ContainsSubstring("negative token id -1 at position 1"));
 }

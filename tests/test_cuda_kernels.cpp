@@ -32,6 +32,7 @@
 #include "model/cuda/rmsnorm.cuh"
 #include "model/cuda/rope.cuh"
 #include "model/cuda/swiglu.cuh"
+#include "model/embedding_buckets.h"
 #include "model/layout.h"
 #include "tests/catch.h"
 
@@ -354,9 +355,9 @@ TEMPLATE_TEST_CASE("embedding forward and deterministic backward match the CPU",
       const std::vector<float> dout = quantized<T>(randn(n * d, 1.0f, 9));
       std::vector<float> dtable = randn(V * d, 1.0f, 10);
       std::vector<int32_t> b_ids(n), b_start(n + 1), b_pos(n);
-      std::vector<uint64_t> scratch;
-      const int64_t groups = cuda::build_embedding_buckets(ids.data(), n, scratch, b_ids.data(),
-                                                           b_start.data(), b_pos.data());
+      std::vector<int32_t> scratch;
+      const int64_t groups = build_embedding_buckets(ids.data(), n, scratch, b_ids.data(),
+                                                     b_start.data(), b_pos.data());
       CHECK(groups <= n);
       CHECK(b_start[groups] == n);
       IntDev bi(b_ids), bs(b_start), bp(b_pos);

@@ -93,30 +93,6 @@ void backward_impl(const T* dout, const int32_t* bucket_ids, const int32_t* buck
 
 }  // namespace
 
-int64_t build_embedding_buckets(const int32_t* ids, int64_t n, std::vector<uint64_t>& scratch,
-                                int32_t* ids_out, int32_t* start_out, int32_t* positions_out) {
-  TRAINER_CHECK(n >= 0 && n < (1LL << 31), "build_embedding_buckets: n {}", n);
-  // Sort (id, position) keys: groups by id, positions ascending within a group.
-  scratch.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    TRAINER_CHECK(ids[i] >= 0, "negative token id {} at position {}", ids[i], i);
-    scratch[i] = (static_cast<uint64_t>(ids[i]) << 32) | static_cast<uint64_t>(i);
-  }
-  std::sort(scratch.begin(), scratch.end());
-  int64_t groups = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const auto id = static_cast<int32_t>(scratch[i] >> 32);
-    if (i == 0 || id != ids_out[groups - 1]) {
-      ids_out[groups] = id;
-      start_out[groups] = static_cast<int32_t>(i);
-      ++groups;
-    }
-    positions_out[i] = static_cast<int32_t>(scratch[i] & 0xffffffffu);
-  }
-  start_out[groups] = static_cast<int32_t>(n);
-  return groups;
-}
-
 void embedding_forward(const int32_t* ids, const float* table, float* out, int64_t n, int64_t d,
                        cudaStream_t stream) {
   forward_impl(ids, table, out, n, d, stream);

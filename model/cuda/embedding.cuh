@@ -4,8 +4,8 @@
 //   backward: dtable[v, :] += sum over {i : ids[i] == v} of dout[i, :]   (accumulates, fp32)
 //
 // The backward is deterministic without atomics: the host groups the positions of the
-// micro-batch by token id (it has the ids anyway, before uploading them), and one thread block
-// column sums each group in increasing position order.
+// micro-batch by token id (model/embedding_buckets.h; it has the ids anyway), and one thread
+// block column sums each group in increasing position order.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,16 +13,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <vector>
 
 namespace trainer::cuda {
-
-// Groups the n ids by value on the host, O(n log n): group g holds token ids_out[g] at positions
-// positions_out[start_out[g] .. start_out[g+1]) in ascending order. ids_out and positions_out hold
-// n entries, start_out n + 1; `scratch` is reused between calls so that no step allocates.
-// Returns the number of groups.
-int64_t build_embedding_buckets(const int32_t* ids, int64_t n, std::vector<uint64_t>& scratch,
-                                int32_t* ids_out, int32_t* start_out, int32_t* positions_out);
 
 void embedding_forward(const int32_t* ids, const float* table, float* out, int64_t n, int64_t d,
                        cudaStream_t stream);
