@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Groups one training step's kernels from an ncu --csv --page raw log by kernel name.
+
+    launch/kernel_table.py PROFILE.csv
+
+The step is the run of kernels after the first AdamW launch up to and including the second one
+(launch/kernel_profile.sh runs two steps). Prints count, total and share per kernel, largest first.
+"""
+import csv
+import re
+import sys
+
+
+def rows(path):
+    with open(path, newline="") as f:
+        lines = [l for l in f if l.startswith('"')]  # ncu's own messages are not quoted
+    reader = csv.reader(lines)
+    header = next(reader)
+    next(reader)  # units
+    name = header.index("Kernel Name")
+    dur = header.index("gpu__time_duration.sum")
+    for r in reader:
+        yield r[name], float(r[dur].replace(",", ""))
+
+
+def short(name):
+    name = re.sub(r"\(.*", "", name)  # drop the argument list
+    name = re.sub(r"^void ", "", name)
+    return name[:90]
+
+
+def main():
+    kernels = list(rows(sys.argv[1]))
+    adam = [i for i, (n, _) in enumerate(kernels) if "adamw" in n]
+    if len(adam) < 2:
+        sys.exit(f"{sys.argv[1]}: fewer than two AdamW launches ({len(adam)}); raise LAUNCH_COUNT")
+    step = kernels[adam[0] + 1 : adam[1] + 1]
+    groups = {}
+    for n, d in step:
+        c, t = groups.get(short(n), (0, 0.0))
+        groups[short(n)] = (c + 1, t + d)
+    total = sum(d for _, d in step) / 1e6  # ns -> ms
+    print(f"kernels in the step: {len(step)}, their GPU time alone: {total:.3f} ms")
+    print(f"{'ms':>8} {'share':>6} {'count':>6}  kernel")
+    for n, (c, t) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
+        print(f"{t / 1e6:8.3f} {t / 1e6 / total:6.1%} {c:6d}  {n}")
+
+
+if __name__ == "__main__":
+    main()
