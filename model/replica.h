@@ -37,8 +37,7 @@ struct ReplicaOptions {
   Precision precision = Precision::kFp32;
   std::string attention = "flash";  // CUDA: "flash" or "simple"
   int device_index = 0;             // CUDA device ordinal
-  int comm_sms = 0;       // CUDA: SMs backward's GEMMs leave to collectives running beside it
-  int gemm_autotune = 1;  // CUDA: cuBLASLt algorithms timed per product (Matmul::set_autotune)
+  int comm_sms = 0;  // CUDA: SMs backward's GEMMs leave to collectives running beside it
   // CUDA: elements of AdamW state this rank will hold (its ZeRO-1 shard, or flat_elems), counted
   // in the check that the run fits in the GPU's memory before anything is allocated.
   int64_t optimizer_elems = -1;  // -1: flat_elems

@@ -16,7 +16,7 @@ const char* const kCsvHeader =
     "comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,step_median_ms,tokens_per_s,mfu,"
     "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,hosts,recompute,"
     "forward_floor_ms,backward_floor_ms,optimizer_floor_ms,gemm_forward_ms,gemm_backward_ms,"
-    "copy_gb_s,gemm_autotune,gemm_forward_tuned_ms,gemm_backward_tuned_ms";
+    "copy_gb_s";
 
 void Run::benchmark(TrainResult& result) {
   const bool backward = o_.bench_mode != "forward";
@@ -126,12 +126,6 @@ void Run::benchmark(TrainResult& result) {
           op.mean, floors.optimizer_ms, floors.optimizer_bytes / 1e9,
           op.mean / floors.optimizer_ms);
   }
-  if (floors.measured)
-    spdlog::info(
-        "  GEMMs alone, forward / backward: {:.3f} / {:.3f} ms with cuBLASLt's first choice, "
-        "{:.3f} / {:.3f} ms with the fastest of its first {}",
-        floors.gemm_forward_ms, floors.gemm_backward_ms, floors.gemm_forward_tuned_ms,
-        floors.gemm_backward_tuned_ms, kTunedCandidates);
   if (!floors.note.empty()) spdlog::info("floors: {}", floors.note);
   report_timing(all, 0);
   if (!o_.csv.empty()) {
@@ -139,7 +133,7 @@ void Run::benchmark(TrainResult& result) {
     const std::string row = fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
         "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{},"
-        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{},{:.4f},{:.4f}\n",
+        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f}\n",
         std::time(nullptr), o_.model, c.d_model, c.d_ff, c.n_layers, c.n_heads, c.vocab, c.ctx,
         o_.batch, o_.grad_accum, nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu",
         precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
@@ -147,8 +141,7 @@ void Run::benchmark(TrainResult& result) {
         st.mean, st.std, med, tok_s, mfu, max_mem / 1073741824.0, o_.grad_reduce, o_.grad_transport,
         o_.comm_sms, tc.mean, nccl_env_field(), host_count(places_), o_.recompute,
         floors.forward_ms(), floors.backward_ms(), floors.optimizer_ms, floors.gemm_forward_ms,
-        floors.gemm_backward_ms, floors.copy_gb_s, o_.gemm_autotune, floors.gemm_forward_tuned_ms,
-        floors.gemm_backward_tuned_ms);
+        floors.gemm_backward_ms, floors.copy_gb_s);
     append_csv_row(o_.csv, kCsvHeader, row);
   }
 }

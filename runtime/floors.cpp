@@ -113,13 +113,6 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
     f.gemm_forward_calls = static_cast<int64_t>(fwd.size());
     f.gemm_backward_calls = static_cast<int64_t>(bwd.size());
   }
-  {
-    cuda::Matmul tuned;
-    tuned.set_autotune(kTunedCandidates);
-    std::map<std::string, double> per_call;
-    f.gemm_forward_tuned_ms = replay_ms(fwd, tuned, s, per_call);
-    f.gemm_backward_tuned_ms = replay_ms(bwd, tuned, s, per_call);
-  }
 
   // 2. Copy bandwidth: 256 MiB device to device, read and written.
   const int64_t copy_bytes = int64_t{256} << 20;

@@ -20,18 +20,12 @@
 
 namespace trainer {
 
-// Algorithms timed per product for the tuned GEMM times.
-constexpr int kTunedCandidates = 8;
-
 struct PhaseFloors {
   bool measured = false;
   std::string note;  // what could not be measured, and why
   // Parts, ms.
   double gemm_forward_ms = 0, gemm_backward_ms = 0;
   int64_t gemm_forward_calls = 0, gemm_backward_calls = 0;
-  // The same products, each with the fastest of kTunedCandidates cuBLASLt algorithms (not part
-  // of the floor: what tuning the GEMMs would give).
-  double gemm_forward_tuned_ms = 0, gemm_backward_tuned_ms = 0;
   double attention_forward_ms = 0, attention_backward_ms = 0;      // 0 without flash attention
   double elementwise_forward_ms = 0, elementwise_backward_ms = 0;  // estimated bytes / bandwidth
   double optimizer_ms = 0;

@@ -129,11 +129,6 @@ Options parse_options(int argc, char** argv) {
       "GPU: NCCL (or the copy-engine path's sum kernel) runs on this many CTAs, and with "
       "overlap/bucketed on several ranks backward's GEMMs leave it that many SMs (0 = NCCL's "
       "default, GEMMs use every SM)");
-  app.add_option(
-      "--gemm-autotune", o.gemm_autotune,
-      "GPU: time this many of cuBLASLt's algorithms for each matrix product on its "
-      "first call and keep the fastest (1 = cuBLASLt's first choice, untimed; up to 16). "
-      "The choice rests on timings, so two runs may differ in the last bits");
   app.add_option("--comm-timeout", o.comm_timeout,
                  "seconds a rank may wait in a collective (NCCL or MPI) during training before "
                  "every rank is stopped (a peer dead, stuck or cut off)");
@@ -218,8 +213,6 @@ void validate_options(const Options& o) {
         "fp32 sums by copy engines with --grad-reduce fp32)");
   if (o.comm_sms < 0 || o.comm_sms > 64)
     usage_error("--comm-sms must lie in [0, 64] (got {})", o.comm_sms);
-  if (o.gemm_autotune < 1 || o.gemm_autotune > 16)
-    usage_error("--gemm-autotune must lie in [1, 16] (got {})", o.gemm_autotune);
   if (!(o.time_limit_min >= 0) || !std::isfinite(o.time_limit_min))
     usage_error("--time-limit must be a finite number of minutes >= 0 (got {})", o.time_limit_min);
   if (!(o.comm_timeout > 0))
@@ -269,7 +262,7 @@ std::string settings_fingerprint(const Options& o) {
     << "\nrecompute=" << o.recompute << "\n";
   s << "ddp=" << o.ddp << "\nbucket-mb=" << o.bucket_mb << "\nshard-optim=" << o.shard_optim
     << "\ngrad-reduce=" << o.grad_reduce << "\ncomm-sms=" << o.comm_sms
-    << "\ngemm-autotune=" << o.gemm_autotune << "\ngrad-transport=" << o.grad_transport << "\n";
+    << "\ngrad-transport=" << o.grad_transport << "\n";
   s << "benchmark=" << o.benchmark << "\nmode=" << o.bench_mode << "\n";
   return s.str();
 }

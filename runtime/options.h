@@ -49,7 +49,6 @@ struct Options {
   int64_t timing_warmup = 5;
   std::string grad_transport = "nccl";  // nccl | ce (copy engines, ranks of one host)
   int comm_sms = 0;           // SMs reserved for NCCL while backward runs (0 = NCCL decides)
-  int gemm_autotune = 1;      // cuBLASLt algorithms timed per product (1 = its first choice)
   double comm_timeout = 300;  // seconds a collective may wait in training before all ranks stop
   std::string trace;          // Chrome-trace JSON of step phases and collectives
   std::string memory_report;  // JSON: the memory plan by category and what the first step used

@@ -166,8 +166,6 @@ int Run::check_inputs() {
       usage_error("--grad-transport {} needs --device cuda", o_.grad_transport);
     if (device_ == DeviceKind::kCpu && o_.comm_sms != 0)
       usage_error("--comm-sms {} needs --device cuda", o_.comm_sms);
-    if (device_ == DeviceKind::kCpu && o_.gemm_autotune != 1)
-      usage_error("--gemm-autotune {} needs --device cuda", o_.gemm_autotune);
     if (o_.grad_transport == "ce" && o_.grad_reduce == "bf16" && precision_ != Precision::kBf16)
       usage_error(
           "--grad-transport ce --grad-reduce bf16 keeps bf16 gradients, which needs --precision "
@@ -332,7 +330,6 @@ void Run::build(int gpu) {
   }
   if (device_ == DeviceKind::kCuda) {
     ro.device_index = gpu;
-    ro.gemm_autotune = o_.gemm_autotune;
     // Only strategies that run collectives during backward share the SMs with it.
     if (nranks_ > 1 && (strategy == SyncStrategy::kBucketed || strategy == SyncStrategy::kOverlap))
       ro.comm_sms = o_.comm_sms;

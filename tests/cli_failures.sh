@@ -74,8 +74,6 @@ expect 2 "--grad-transport 'shm' is not nccl or ce" "$trainer" "${small[@]}" "${
 expect 2 "cannot be combined with --shard-optim" "$trainer" "${small[@]}" "${data[@]}" --grad-transport ce --grad-reduce bf16 --shard-optim
 expect 2 "--comm-sms 8 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --comm-sms 8
 expect 2 "--comm-sms must lie in \\[0, 64\\]" "$trainer" "${small[@]}" "${data[@]}" --comm-sms -1
-expect 2 "--gemm-autotune 4 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --gemm-autotune 4
-expect 2 "--gemm-autotune must lie in \\[1, 16\\]" "$trainer" "${small[@]}" "${data[@]}" --gemm-autotune 0
 expect 2 "--mode 'bogus'" "$trainer" "${small[@]}" --benchmark --mode bogus
 expect 2 "--bucket-mb must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --bucket-mb -1
 expect 2 "--trace .*cannot write" "$trainer" "${small[@]}" "${data[@]}" --trace "$tmp/afile/t.json"

@@ -316,30 +316,6 @@ TEST_CASE("recompute ffn and block train to the same parameters as none", "[reco
   }
 }
 
-// --gemm-autotune: on GPUs the fastest of 8 cuBLASLt algorithms per product trains like the first
-// choice (fp32, to rounding); the CPU backend refuses the flag by name, on every rank.
-TEST_CASE("--gemm-autotune trains like cuBLASLt's first choice; the CPU refuses it",
-          "[gemm-autotune]") {
-  spdlog::set_level(spdlog::level::err);
-  MpiCommunicator world(MPI_COMM_WORLD);
-  const int w = world.world();
-  const std::vector<std::string> args = {"--ddp", w == 1 ? "none" : "bucketed", "--batch",
-                                         std::to_string(kGlobalBatch / w)};
-  std::vector<std::string> tuned = args;
-  tuned.insert(tuned.end(), {"--gemm-autotune", "8"});
-  INFO("world " << w);
-#ifdef TEST_ON_GPU
-  const TrainResult first = run_training(make_options(args), world, /*keep_params=*/true);
-  const TrainResult got = run_training(make_options(tuned), world, /*keep_params=*/true);
-  for (size_t s = 0; s < first.losses.size(); ++s)
-    CHECK_THAT(got.losses[s], WithinRel(first.losses[s], 1e-5));
-  CHECK(rel_diff(got.params, first.params) < 1e-5);
-#else
-  CHECK_THROWS_WITH(run_training(make_options(tuned), world),
-                    ContainsSubstring("--gemm-autotune 8 needs --device cuda"));
-#endif
-}
-
 // --memory-report: rank 0's plan lists the weights, gradients, activations and optimizer state
 // of its range; every line but the CPU's activations (vectors of the reference model) and NCCL's
 // (measured, not allocated by us) is an allocation of this process's allocator, so the two

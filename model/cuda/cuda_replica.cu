@@ -364,7 +364,6 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
 
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.s, cudaStreamNonBlocking));
   mm_ = std::make_unique<Matmul>();
-  mm_->set_autotune(o.gemm_autotune);
   params_ = DeviceBuffer(DeviceKind::kCuda, dtype_of<T>(), flat_);
   grads_ = DeviceBuffer(DeviceKind::kCuda, grad_dtype_, flat_);
   if (emb_scratch) emb_scratch_ = DeviceBuffer(DeviceKind::kCuda, DType::kF32, emb_elems);

@@ -138,48 +138,12 @@ struct Matmul::Impl {
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer workspace;
   int sm_target = 0;
-  int candidates = 1;  // set_autotune
   std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
 
-  const Plan& plan(const Key& key, const Gemm& g, const void* c, cudaStream_t stream);
-  // D = alpha op(A) op(B) + beta C with plan p's descriptors and `algo`.
-  cublasStatus_t launch(const Plan& p, const cublasLtMatmulAlgo_t& algo, const Gemm& g,
-                        const void* c, cudaStream_t stream) const {
-    return cublasLtMatmul(handle, p.op, &g.alpha, g.b, p.a, g.a, p.b, &g.beta, c, p.c, g.d, p.d,
-                          &algo, workspace.view().data, kWorkspaceBytes, stream);
-  }
-  // The fastest of `results` on g's own operands (3 runs after one), or -1 if none runs.
-  int fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* results, int count,
-              const Gemm& g, const void* c, cudaStream_t stream) const;
+  const Plan& plan(const Key& key, const Gemm& g);
 };
 
-int Matmul::Impl::fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* results, int count,
-                          const Gemm& g, const void* c, cudaStream_t stream) const {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  int best = -1;
-  float best_ms = 0;
-  for (int i = 0; i < count; ++i) {
-    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
-    if (launch(p, results[i].algo, g, c, stream) != CUBLAS_STATUS_SUCCESS) continue;
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int r = 0; r < 3; ++r) launch(p, results[i].algo, g, c, stream);
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (best < 0 || ms < best_ms) {
-      best = i;
-      best_ms = ms;
-    }
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return best;
-}
-
-const Plan& Matmul::Impl::plan(const Key& key, const Gemm& g, const void* c, cudaStream_t stream) {
+const Plan& Matmul::Impl::plan(const Key& key, const Gemm& g) {
   auto it = plans.find(key);
   if (it != plans.end()) return *it->second;
 
@@ -241,19 +205,14 @@ const Plan& Matmul::Impl::plan(const Key& key, const Gemm& g, const void* c, cud
   for (const auto& [attr, value] : aligns)
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)), g);
 
-  // A product that adds into its output in place would change it with every trial: not tuned.
-  // Nor may a trial write over its own operands.
-  const bool repeatable = !(key.in_place && g.beta != 0.0f) && g.d != g.a && g.d != g.b;
-  const int wanted = repeatable ? candidates : 1;
-  cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
+  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->c, p->d, pref, wanted,
-                                          results, &found),
+  LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->c, p->d, pref, 1, &result,
+                                          &found),
            g);
-  if (found == 0 || results[0].state != CUBLAS_STATUS_SUCCESS)
+  if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
     runtime_error("cuBLASLt has no algorithm for {}", describe(g));
-  const int pick = found > 1 ? fastest(*p, results, found, g, c, stream) : 0;
-  p->algo = results[pick < 0 ? 0 : pick].algo;
+  p->algo = result.algo;
   return *plans.emplace(key, std::move(p)).first->second;
 }
 
@@ -271,12 +230,6 @@ Matmul::~Matmul() {
 }
 
 size_t Matmul::plans() const { return impl_->plans.size(); }
-
-void Matmul::set_autotune(int candidates) {
-  TRAINER_CHECK(candidates >= 1 && candidates <= kMaxCandidates,
-                "matmul: autotune over {} candidates (1 to {})", candidates, kMaxCandidates);
-  impl_->candidates = candidates;
-}
 
 void Matmul::set_sm_target(int sms) {
   TRAINER_CHECK(sms >= 0, "matmul: negative SM target {}", sms);
@@ -327,8 +280,10 @@ void Matmul::run(const Gemm& g, cudaStream_t stream) {
                 alignment(c, ldc, stride_c, batched, g.cd_type),
                 alignment(g.d, g.ldd, g.stride_d, batched, g.cd_type),
                 impl_->sm_target};
-  const Plan& p = impl_->plan(key, g, c, stream);
-  LT_CHECK(impl_->launch(p, p.algo, g, c, stream), g);
+  const Plan& p = impl_->plan(key, g);
+  LT_CHECK(cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.b, p.a, g.a, p.b, &g.beta, c, p.c, g.d,
+                          p.d, &p.algo, impl_->workspace.view().data, kWorkspaceBytes, stream),
+           g);
   if (g_recorded) g_recorded->push_back(g);
 }
 

@@ -62,7 +62,6 @@ void record_gemms(std::vector<Gemm>* sink);
 class Matmul {
  public:
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-  static constexpr int kMaxCandidates = 16;  // set_autotune
 
   // Creates the cuBLASLt handle and the workspace on the current CUDA device.
   Matmul();
@@ -76,13 +75,6 @@ class Matmul {
 
   // Number of distinct problems planned so far.
   size_t plans() const;
-
-  // From now on, the plan of each new problem times up to `candidates` of cuBLASLt's heuristic
-  // algorithms on the problem's own operands (its output is written a few times) and keeps the
-  // fastest; 1 (the default) takes cuBLASLt's first choice untimed. A product that adds into its
-  // output in place takes the first choice. The choice rests on timings, so two runs may choose
-  // differently, and their results then differ in the last bits.
-  void set_autotune(int candidates);
 
   // SMs the following products are planned for (cuBLASLt's SM_COUNT_TARGET); 0 = the whole GPU.
   // Set below the SM count while collectives run beside the products, so that a GEMM sized for
