@@ -15,73 +15,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-
-class RMSNorm(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
-
-
-class Attention(nn.Module):
-    def __init__(self, d, h):
-        super().__init__()
-        self.h = h
-        self.q_proj, self.k_proj, self.v_proj, self.output_proj = (
-            nn.Linear(d, d, bias=False) for _ in range(4))
-
-    def forward(self, x):
-        B, T, d = x.shape
-        dh = d // self.h
-        split = lambda t: t.view(B, T, self.h, dh).transpose(1, 2)
-        q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
-        j = torch.arange(dh // 2, dtype=torch.float64)
-        ang = torch.arange(T, dtype=torch.float64)[:, None] * 10000.0 ** (-2 * j / dh)[None]
-        cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
-
-        def rope(t):  # interleaved pairs (t[2j], t[2j+1])
-            a, b = t[..., 0::2], t[..., 1::2]
-            return torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
-
-        y = torch.nn.functional.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
-        return self.output_proj(y.transpose(1, 2).reshape(B, T, d))
-
-
-class FFN(nn.Module):
-    def __init__(self, d, f):
-        super().__init__()
-        self.w1, self.w2, self.w3 = (nn.Linear(d, f, bias=False), nn.Linear(f, d, bias=False),
-                                     nn.Linear(d, f, bias=False))
-
-    def forward(self, x):
-        return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    def __init__(self, d, f, h):
-        super().__init__()
-        self.ln1, self.attn, self.ln2, self.ffn = RMSNorm(d), Attention(d, h), RMSNorm(d), FFN(d, f)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.ffn(self.ln2(x))
-
-
-class TransformerLM(nn.Module):
-    def __init__(self, vocab, d, f, layers, h):
-        super().__init__()
-        self.token_embeddings = nn.Embedding(vocab, d)
-        self.layers = nn.ModuleList(Block(d, f, h) for _ in range(layers))
-        self.ln_final = RMSNorm(d)
-        self.lm_head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, ids):
-        x = self.token_embeddings(ids)
-        for b in self.layers:
-            x = b(x)
-        return self.lm_head(self.ln_final(x))
+from torch_model import TransformerLM
 
 
 def main():
@@ -93,7 +27,7 @@ def main():
     ap.add_argument("--expect", type=float, required=True)
     ap.add_argument("--tol", type=float, default=1e-4)
     a = ap.parse_args()
-    model = TransformerLM(a.vocab, a.d_model, a.d_ff, a.layers, a.heads).double()
+    model = TransformerLM(a.vocab, a.d_model, a.d_ff, a.layers, a.heads, a.ctx).double()
     model.load_state_dict(load_file(a.model))  # strict: every name and shape must match
     tokens = torch.from_numpy(np.load(a.val).astype(np.int64))
     N, T, G = len(tokens), a.ctx, a.rows

@@ -16,85 +16,9 @@ import statistics
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-# d_model, d_ff, layers, heads (model/config.cpp)
-PRESETS = {
-    "small": (768, 3072, 12, 12),
-    "medium": (1024, 4096, 24, 16),
-    "large": (1280, 5120, 36, 20),
-    "xl": (1600, 6400, 48, 25),
-    "2.7B": (2560, 10240, 32, 32),
-}
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-
-    def forward(self, x):
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * self.weight
-
-
-def rope(t, cos, sin):
-    """Interleaved pairs (t[2j], t[2j+1]) rotated by position; t is (B, H, T, dh)."""
-    a, b = t[..., 0::2], t[..., 1::2]
-    cos, sin = cos.to(t.dtype), sin.to(t.dtype)
-    return torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
-
-
-class Attention(nn.Module):
-    def __init__(self, d, h):
-        super().__init__()
-        self.h = h
-        self.q_proj, self.k_proj, self.v_proj, self.output_proj = (
-            nn.Linear(d, d, bias=False) for _ in range(4))
-
-    def forward(self, x, cos, sin):
-        B, T, d = x.shape
-        split = lambda t: t.view(B, T, self.h, d // self.h).transpose(1, 2)
-        q = rope(split(self.q_proj(x)), cos, sin)
-        k = rope(split(self.k_proj(x)), cos, sin)
-        y = F.scaled_dot_product_attention(q, k, split(self.v_proj(x)), is_causal=True)
-        return self.output_proj(y.transpose(1, 2).reshape(B, T, d))
-
-
-class Block(nn.Module):
-    def __init__(self, d, f, h):
-        super().__init__()
-        self.ln1, self.attn, self.ln2 = RMSNorm(d), Attention(d, h), RMSNorm(d)
-        self.w1, self.w2, self.w3 = (nn.Linear(d, f, bias=False), nn.Linear(f, d, bias=False),
-                                     nn.Linear(d, f, bias=False))
-
-    def forward(self, x, cos, sin):
-        x = x + self.attn(self.ln1(x), cos, sin)
-        h = self.ln2(x)
-        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
-
-
-class TransformerLM(nn.Module):
-    def __init__(self, vocab, d, f, layers, h, ctx):
-        super().__init__()
-        self.token_embeddings = nn.Embedding(vocab, d)
-        self.layers = nn.ModuleList(Block(d, f, h) for _ in range(layers))
-        self.ln_final = RMSNorm(d)
-        self.lm_head = nn.Linear(d, vocab, bias=False)
-        dh = d // h
-        j = torch.arange(dh // 2, dtype=torch.float64)
-        ang = torch.arange(ctx, dtype=torch.float64)[:, None] * 10000.0 ** (-2 * j / dh)[None]
-        self.register_buffer("cos", ang.cos().float(), persistent=False)
-        self.register_buffer("sin", ang.sin().float(), persistent=False)
-
-    def forward(self, ids):
-        T = ids.shape[1]
-        cos, sin = self.cos[:T], self.sin[:T]
-        x = self.token_embeddings(ids)
-        for b in self.layers:
-            x = b(x, cos, sin)
-        return self.lm_head(self.ln_final(x))
+from torch_model import PRESETS, TransformerLM
 
 
 def main():
