@@ -115,6 +115,8 @@ class Replica {
   // Which attention implementation forward and backward use, and why when it is not the one
   // asked for (for the start-up log).
   virtual std::string attention_kernel() const = 0;
+  // Whether that is one of the flash kernels (their names start with "flash").
+  bool uses_flash_attention() const { return attention_kernel().rfind("flash", 0) == 0; }
 
   // Makes the host wait for all work queued on this replica's device (no-op on the CPU).
   virtual void synchronize() {}

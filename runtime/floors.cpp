@@ -130,7 +130,7 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
 
   // 3. Flash attention's throughput at T = 4096 (B 4, 16 heads, this model's head dim).
   const int dh = static_cast<int>(c.head_dim());
-  const bool flash = r.attention_kernel().rfind("flash", 0) == 0;
+  const bool flash = r.uses_flash_attention();
   if (flash) {
     const int Bt = 4, Tt = 4096, Ht = 16;
     const int64_t n = int64_t{Bt} * Tt * Ht * dh;

@@ -439,7 +439,8 @@ void Run::log_run() {
     for (const std::string& line : describe_places(places_))
       spdlog::info("placement: {} host{} | {}", hosts, hosts > 1 ? "s" : "", line);
     const std::string attention = replica_->attention_kernel();
-    if (device_ == DeviceKind::kCuda && o_.attention == "flash" && attention.rfind("flash", 0) != 0)
+    if (device_ == DeviceKind::kCuda && o_.attention == "flash" &&
+        !replica_->uses_flash_attention())
       spdlog::warn("attention: {}", attention);
     else
       spdlog::info("attention: {}", attention);
