@@ -4,7 +4,8 @@
     launch/kernel_table.py PROFILE.csv
 
 The step is the run of kernels after the first AdamW launch up to and including the second one
-(launch/kernel_profile.sh runs two steps). Prints count, total and share per kernel, largest first.
+(launch/kernel_profile.sh runs two steps). Prints count, total and share per kernel, largest first,
+then the sums by phase.
 """
 import csv
 import re
@@ -44,6 +45,18 @@ def main():
     print(f"{'ms':>8} {'share':>6} {'count':>6}  kernel")
     for n, (c, t) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
         print(f"{t / 1e6:8.3f} {t / 1e6 / total:6.1%} {c:6d}  {n}")
+    # By phase, to hold against the phase times --benchmark prints: forward ends with the
+    # cross-entropy kernel, the optimizer is the AdamW launch; the gradient norm's sums run on a
+    # side stream beside backward on one GPU, so they are listed apart.
+    ce = [i for i, (n, _) in enumerate(step) if "cross_entropy" in n]
+    if ce:
+        fwd, rest = step[: ce[-1] + 1], step[ce[-1] + 1 :]
+        side = [d for n, d in rest if "sum_squares" in n]
+        bwd = [d for n, d in rest[:-1] if "sum_squares" not in n]
+        ms = lambda ds: sum(ds) / 1e6
+        print(f"by phase: forward {len(fwd)} kernels {ms(d for _, d in fwd):.3f} ms | backward "
+              f"{len(bwd)} kernels {ms(bwd):.3f} ms (+ {len(side)} norm sums {ms(side):.3f} ms "
+              f"beside it) | optimizer {ms([rest[-1][1]]):.3f} ms")
 
 
 if __name__ == "__main__":
