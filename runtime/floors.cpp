@@ -176,7 +176,7 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
   if (f.copy_gb_s > 0) {
     const double e = static_cast<double>(dtype_size(r.params().dtype));
     const double d = static_cast<double>(c.d_model), ff = static_cast<double>(c.d_ff);
-    const double Vp = static_cast<double>((c.vocab + 7) / 8 * 8);
+    const double Vp = static_cast<double>(align_up(c.vocab, 8));  // the replica's logits rows
     const double tokens = static_cast<double>(mb.batch * mb.seq);
     const double fwd_bytes = tokens * e * (2 * d + L * (4 * d + 6 * d + 3 * ff) + 2 * d + 2 * Vp);
     const double norm_bytes = 4.0 * static_cast<double>(optimizer_elems);

@@ -525,9 +525,9 @@ void CudaReplica<T>::stage_tokens(const MicroBatch& mb) {
   CUDA_CHECK(cudaEventRecord(uploaded_[slot_].e, stream_.s));
 }
 
-// The grouping is host work (a counting sort, still 0.1 ms and more per 16k tokens): done after
-// forward's kernels are queued, it runs while the GPU computes instead of before. Backward, later
-// on the same stream, is the first reader of the buckets.
+// The grouping is host work (a counting sort over the micro-batch): done after forward's kernels
+// are queued, it runs while the GPU computes instead of before. Backward, later on the same
+// stream, is the first reader of the buckets.
 template <typename T>
 void CudaReplica<T>::stage_buckets(const MicroBatch& mb) {
   const int64_t n = mb.batch * mb.seq;
