@@ -51,6 +51,8 @@ struct ReplicaOptions {
   int64_t grad_copies = 0;
   // What forward keeps for backward and what backward recomputes (model/recompute.h).
   Recompute recompute = Recompute::kNone;
+  // CUDA: pinned slots for stage(), one per micro-batch of a step captured as a graph (0: none).
+  int graph_slots = 0;
 };
 
 // One line of the memory report: what a buffer holds, and its bytes as allocated.
@@ -117,6 +119,20 @@ class Replica {
   virtual std::string attention_kernel() const = 0;
   // Whether that is one of the flash kernels (their names start with "flash").
   bool uses_flash_attention() const { return attention_kernel().rfind("flash", 0) == 0; }
+
+  // CUDA graphs (--cuda-graph): a step's forwards and backwards recorded once, then replayed.
+  // stage() is forward's host work for micro-batch `slot` of the next step: it checks the ids and
+  // puts them, with backward's embedding grouping, into pinned slot `slot` (after the last replay
+  // has read it). forward_staged() is forward's device work on that slot; it may be captured.
+  // Between begin_capture() and end_capture() the work enqueued on stream(), and on streams that
+  // fork from it and join it again, is recorded instead of run; replay() runs the recording and
+  // re-applies the host-side effects of the calls recorded (the loss's token count, which
+  // gradients backward overwrites). The CPU replica has none of them.
+  virtual void stage(const MicroBatch& mb, int slot);
+  virtual void forward_staged(int slot, const ParamsNeededFn& need = {});
+  virtual void begin_capture();
+  virtual void end_capture();
+  virtual void replay();
 
   // Makes the host wait for all work queued on this replica's device (no-op on the CPU).
   virtual void synchronize() {}

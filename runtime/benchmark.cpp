@@ -16,7 +16,7 @@ const char* const kCsvHeader =
     "comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,step_median_ms,tokens_per_s,mfu,"
     "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,hosts,recompute,"
     "forward_floor_ms,backward_floor_ms,optimizer_floor_ms,gemm_forward_ms,gemm_backward_ms,"
-    "copy_gb_s";
+    "copy_gb_s,cuda_graph";
 
 void Run::benchmark(TrainResult& result) {
   const bool backward = o_.bench_mode != "forward";
@@ -83,8 +83,8 @@ void Run::benchmark(TrainResult& result) {
   const double mfu = peak > 0 ? tok_s * flops_factor * flops_per_token(o_.config, o_.config.ctx) /
                                     (nranks_ * peak * 1e12)
                               : 0;
-  spdlog::info("benchmark --mode {} | {} warm-up + {} timed steps | {} rank(s)", o_.bench_mode,
-               warm, n, nranks_);
+  spdlog::info("benchmark --mode {} | {} warm-up + {} timed steps | {} rank(s){}", o_.bench_mode,
+               warm, n, nranks_, o_.cuda_graph ? " | CUDA graph" : "");
   spdlog::info("  forward   {:8.3f} ± {:.3f} ms", fw.mean, fw.std);
   if (backward) spdlog::info("  backward  {:8.3f} ± {:.3f} ms", bw.mean, bw.std);
   if (backward && nranks_ > 1) {
@@ -133,7 +133,7 @@ void Run::benchmark(TrainResult& result) {
     const std::string row = fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
         "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{},"
-        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f}\n",
+        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{}\n",
         std::time(nullptr), o_.model, c.d_model, c.d_ff, c.n_layers, c.n_heads, c.vocab, c.ctx,
         o_.batch, o_.grad_accum, nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu",
         precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
@@ -141,7 +141,7 @@ void Run::benchmark(TrainResult& result) {
         st.mean, st.std, med, tok_s, mfu, max_mem / 1073741824.0, o_.grad_reduce, o_.grad_transport,
         o_.comm_sms, tc.mean, nccl_env_field(), host_count(places_), o_.recompute,
         floors.forward_ms(), floors.backward_ms(), floors.optimizer_ms, floors.gemm_forward_ms,
-        floors.gemm_backward_ms, floors.copy_gb_s);
+        floors.gemm_backward_ms, floors.copy_gb_s, o_.cuda_graph ? 1 : 0);
     append_csv_row(o_.csv, kCsvHeader, row);
   }
 }

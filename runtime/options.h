@@ -42,6 +42,8 @@ struct Options {
   std::string precision = "auto";
   std::string attention = "flash";
   std::string recompute = "none";  // none | ffn | block (model/recompute.h)
+  // CUDA, one rank: each step's forwards and backwards recorded once as a CUDA graph and replayed.
+  bool cuda_graph = false;
   std::string ddp = "bucketed";
   double bucket_mb = 25;
   bool shard_optim = false;

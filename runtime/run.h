@@ -87,7 +87,13 @@ class Run {
 
   // run_step.cpp
   double train_step(int64_t s, PhaseTimes& times, double& grad_norm);
+  // Forward (and backward) of every micro-batch of step `step`, with --cuda-graph as a replay.
   void forward_backward(int64_t step, bool backward, bool reduce);
+  // Micro-batch k of step `step` into inputs_ and targets_ (timed as the data phase).
+  MicroBatch fill_micro_batch(int64_t step, int64_t k);
+  // Forward of micro-batch k (`mb`, or the one staged in the replica's slot k when null), then
+  // backward, scaled by `scale`, with the gradient collectives when `reduce`.
+  void micro_step(int64_t k, const MicroBatch* mb, float scale, bool backward, bool reduce);
   // Makes the parameters at offsets >= `from` current: waits for the ZeRO-1 all-gathers still
   // writing any of them. Inside forward the wait is timed as exposed communication.
   void await_params(int64_t from, bool in_forward);
@@ -189,6 +195,13 @@ class Run {
   std::unique_ptr<cuda::OverlappedSumSquares> norm_overlap_;
 #endif
   bool norm_overlap_wanted_ = false;
+  // --cuda-graph: what the replica's recording of forward_backward() was made for.
+  struct GraphKey {
+    float scale;
+    bool backward, reduce, norm;
+    bool operator==(const GraphKey&) const = default;
+  };
+  std::optional<GraphKey> graph_key_;
   bool has_norm_overlap() const {
 #ifdef TRAINER_WITH_CUDA
     return norm_overlap_ != nullptr;

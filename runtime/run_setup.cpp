@@ -166,6 +166,14 @@ int Run::check_inputs() {
       usage_error("--grad-transport {} needs --device cuda", o_.grad_transport);
     if (device_ == DeviceKind::kCpu && o_.comm_sms != 0)
       usage_error("--comm-sms {} needs --device cuda", o_.comm_sms);
+    if (device_ == DeviceKind::kCpu && o_.cuda_graph)
+      usage_error("--cuda-graph needs --device cuda (--device {})",
+                  o_.device == "cpu" ? "cpu" : "auto, which found no GPU");
+    if (o_.cuda_graph && nranks_ > 1)
+      usage_error(
+          "--cuda-graph runs on one rank so far (world is {}): the gradient collectives of "
+          "several ranks are not recorded into the graph",
+          nranks_);
     if (o_.grad_transport == "ce" && o_.grad_reduce == "bf16" && precision_ != Precision::kBf16)
       usage_error(
           "--grad-transport ce --grad-reduce bf16 keeps bf16 gradients, which needs --precision "
@@ -321,6 +329,7 @@ void Run::build(int gpu) {
   ro.precision = precision_;
   ro.attention = o_.attention;
   ro.recompute = parse_recompute(o_.recompute);
+  if (o_.cuda_graph) ro.graph_slots = static_cast<int>(o_.grad_accum);
   ro.optimizer_elems = owned_.size();
   grad_copies_ = device_ == DeviceKind::kCuda && nranks_ > 1 && o_.grad_transport == "ce" &&
                  o_.grad_reduce == "bf16";

@@ -2,6 +2,8 @@
 // collectives launched as buckets become ready; the waits for them (timed as exposed
 // communication); the gradient norm and AdamW on the owned range, with ZeRO-1's parameter
 // all-gathers sent part by part and awaited by the next forward.
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -26,47 +28,82 @@ double Run::train_step(int64_t s, PhaseTimes& times, double& grad_norm) {
 }
 
 void Run::forward_backward(int64_t step, bool backward, bool reduce) {
-  const int64_t T = o_.config.ctx;
-  const int64_t rows_per_rank = o_.batch * o_.grad_accum;
   // d(mean over G*T tokens)/d(token loss), times the loss scale (1 without loss scaling).
   double loss_scale = scaler_.scale();
   if (step == o_.debug_inf_grad_at_step && rank_ == o_.debug_inf_grad_rank)
     loss_scale = std::numeric_limits<double>::infinity();  // every gradient becomes inf or NaN
-  const float scale = static_cast<float>(loss_scale / static_cast<double>(G_ * T));
-  for (int64_t k = 0; k < o_.grad_accum; ++k) {
-    {
-      PhaseScope p(*timer_, Phase::kData);
-      if (train_) {
-        fill_rows(*train_, sampler_, step, rank_ * rows_per_rank + k * o_.batch, o_.batch,
-                  inputs_.data(), targets_.data());
-      } else {  // --benchmark: synthetic tokens, a pure function of (seed, step, rank, k)
-        uint64_t x = o_.seed ^ (static_cast<uint64_t>(step) << 20) ^ (rank_ * 7919 + k);
-        for (size_t i = 0; i < inputs_.size(); ++i) {
-          x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-          inputs_[i] = static_cast<int32_t>((x >> 33) % o_.config.vocab);
-          targets_[i] = static_cast<int32_t>((x >> 13) % o_.config.vocab);
-        }
-      }
+  const float scale = static_cast<float>(loss_scale / static_cast<double>(G_ * o_.config.ctx));
+  if (!o_.cuda_graph) {
+    for (int64_t k = 0; k < o_.grad_accum; ++k) {
+      const MicroBatch mb = fill_micro_batch(step, k);
+      micro_step(k, &mb, scale, backward, reduce);
     }
-    const MicroBatch mb{inputs_.data(), targets_.data(), o_.batch, T};
-    {
-      PhaseScope p(*timer_, Phase::kForward);
-      replica_->forward(mb, [this](int64_t offset) { await_params(offset, true); });
-    }
-    if (!backward) continue;
-    PhaseScope p(*timer_, Phase::kBackward);
-    const bool last_micro = reduce && k == o_.grad_accum - 1;
-    sync_->begin_backward(last_micro);
-#ifdef TRAINER_WITH_CUDA
-    if (norm_overlap_ && last_micro && norm_overlap_wanted_) norm_overlap_->begin();
-#endif
-    replica_->backward(scale, [this](int i) {
-      sync_->on_ready(i);
-#ifdef TRAINER_WITH_CUDA
-      if (norm_overlap_) norm_overlap_->on_ready(i);
-#endif
-    });
+    return;
   }
+  // --cuda-graph: the host stages every micro-batch, then replays the recording of the device
+  // work, made again whenever what it bakes in changes (the loss scale, the kind of step).
+  for (int64_t k = 0; k < o_.grad_accum; ++k)
+    replica_->stage(fill_micro_batch(step, k), static_cast<int>(k));
+  const GraphKey key{scale, backward, reduce, norm_overlap_wanted_};
+  const bool record = !graph_key_ || !(*graph_key_ == key);
+  if (record) {
+    spdlog::debug("recording the step as a CUDA graph");
+    replica_->begin_capture();
+    timer_->begin_capture();
+    for (int64_t k = 0; k < o_.grad_accum; ++k) micro_step(k, nullptr, scale, backward, reduce);
+#ifdef TRAINER_WITH_CUDA
+    if (norm_overlap_) norm_overlap_->join();
+#endif
+    timer_->end_capture();
+    replica_->end_capture();
+    graph_key_ = key;
+  }
+  replica_->replay();
+  timer_->replayed();
+#ifdef TRAINER_WITH_CUDA
+  if (norm_overlap_) norm_overlap_->replayed();
+#endif
+}
+
+MicroBatch Run::fill_micro_batch(int64_t step, int64_t k) {
+  PhaseScope p(*timer_, Phase::kData);
+  const int64_t rows_per_rank = o_.batch * o_.grad_accum;
+  if (train_) {
+    fill_rows(*train_, sampler_, step, rank_ * rows_per_rank + k * o_.batch, o_.batch,
+              inputs_.data(), targets_.data());
+  } else {  // --benchmark: synthetic tokens, a pure function of (seed, step, rank, k)
+    uint64_t x = o_.seed ^ (static_cast<uint64_t>(step) << 20) ^ (rank_ * 7919 + k);
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      inputs_[i] = static_cast<int32_t>((x >> 33) % o_.config.vocab);
+      targets_[i] = static_cast<int32_t>((x >> 13) % o_.config.vocab);
+    }
+  }
+  return MicroBatch{inputs_.data(), targets_.data(), o_.batch, o_.config.ctx};
+}
+
+void Run::micro_step(int64_t k, const MicroBatch* mb, float scale, bool backward, bool reduce) {
+  {
+    PhaseScope p(*timer_, Phase::kForward);
+    const auto need = [this](int64_t offset) { await_params(offset, true); };
+    if (mb)
+      replica_->forward(*mb, need);
+    else
+      replica_->forward_staged(static_cast<int>(k), need);
+  }
+  if (!backward) return;
+  PhaseScope p(*timer_, Phase::kBackward);
+  const bool last_micro = reduce && k == o_.grad_accum - 1;
+  sync_->begin_backward(last_micro);
+#ifdef TRAINER_WITH_CUDA
+  if (norm_overlap_ && last_micro && norm_overlap_wanted_) norm_overlap_->begin();
+#endif
+  replica_->backward(scale, [this](int i) {
+    sync_->on_ready(i);
+#ifdef TRAINER_WITH_CUDA
+    if (norm_overlap_) norm_overlap_->on_ready(i);
+#endif
+  });
 }
 
 void Run::await_params(int64_t from, bool in_forward) {

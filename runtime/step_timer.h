@@ -41,6 +41,12 @@ class StepTimer {
   virtual const std::vector<PhaseInterval>& intervals() const = 0;
   // The CUDA event times are measured from (nullptr on the CPU).
   virtual void* origin_event() { return nullptr; }
+  // CUDA graphs: phases entered between begin_capture() and end_capture() are recorded into the
+  // step's graph (their events fire when it runs), and replayed() adds them to the step, once per
+  // replay. The host timer never records.
+  virtual void begin_capture() {}
+  virtual void end_capture() {}
+  virtual void replayed() {}
 };
 
 // Host clocks (CPU backend); the data phase always uses host clocks, since it is host work.

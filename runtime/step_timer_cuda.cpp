@@ -1,5 +1,6 @@
 // CUDA-event implementation of StepTimer: events are recorded on the compute stream at phase
-// boundaries and read in collect(), after the step's last event has completed.
+// boundaries and read in collect(), after the step's last event has completed. Inside a CUDA
+// graph's recording the events become the graph's own event nodes, from a pool of their own.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -11,16 +12,34 @@
 namespace trainer {
 namespace {
 
+// Events created on demand and handed out again after reset().
+class EventPool {
+ public:
+  ~EventPool() {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  cudaEvent_t next() {
+    if (used_ == events_.size()) {
+      cudaEvent_t e;
+      CUDA_CHECK(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    return events_[used_++];
+  }
+  void reset() { used_ = 0; }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+  size_t used_ = 0;
+};
+
 class CudaTimer : public StepTimer {
  public:
   explicit CudaTimer(void* stream) : stream_(static_cast<cudaStream_t>(stream)) {
     CUDA_CHECK(cudaEventCreate(&origin_));
     CUDA_CHECK(cudaEventRecord(origin_, stream_));
   }
-  ~CudaTimer() override {
-    for (cudaEvent_t e : pool_) cudaEventDestroy(e);
-    cudaEventDestroy(origin_);
-  }
+  ~CudaTimer() override { cudaEventDestroy(origin_); }
   void* origin_event() override { return origin_; }
   const std::vector<PhaseInterval>& intervals() const override { return last_; }
   void begin(Phase p) override {
@@ -29,38 +48,50 @@ class CudaTimer : public StepTimer {
   }
   void end(Phase p) override {
     if (p == Phase::kData) return host_.end(p);
-    intervals_.push_back({static_cast<int>(p), open_[static_cast<int>(p)], record()});
+    (capturing_ ? captured_ : intervals_)
+        .push_back({static_cast<int>(p), open_[static_cast<int>(p)], record()});
+  }
+  void begin_capture() override {
+    capturing_ = true;
+    captured_.clear();
+    graph_pool_.reset();  // the previous recording, if any, is no longer replayed
+  }
+  void end_capture() override { capturing_ = false; }
+  void replayed() override {
+    intervals_.insert(intervals_.end(), captured_.begin(), captured_.end());
   }
   PhaseTimes collect() override {
     PhaseTimes t = host_.collect();
-    if (!intervals_.empty()) CUDA_CHECK(cudaEventSynchronize(pool_[intervals_.back().stop]));
+    if (!intervals_.empty()) CUDA_CHECK(cudaEventSynchronize(intervals_.back().stop));
     last_.clear();
     for (const Interval& iv : intervals_) {
       float a = 0, b = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&a, origin_, pool_[iv.start]));
-      CUDA_CHECK(cudaEventElapsedTime(&b, origin_, pool_[iv.stop]));
+      CUDA_CHECK(cudaEventElapsedTime(&a, origin_, iv.start));
+      CUDA_CHECK(cudaEventElapsedTime(&b, origin_, iv.stop));
       t[iv.phase] += b - a;
       last_.push_back({static_cast<Phase>(iv.phase), a, b});
     }
     intervals_.clear();
-    used_ = 0;
+    pool_.reset();
     return t;
   }
 
  private:
   struct Interval {
     int phase;
-    size_t start, stop;
+    cudaEvent_t start, stop;
   };
-  // Events come from a pool that grows only in the first step.
-  size_t record() {
-    if (used_ == pool_.size()) {
-      cudaEvent_t e;
-      CUDA_CHECK(cudaEventCreate(&e));
-      pool_.push_back(e);
+  // Eager events come from a pool that grows only in the first step.
+  cudaEvent_t record() {
+    if (capturing_) {
+      // An event node of the graph: it records each time the graph runs.
+      cudaEvent_t e = graph_pool_.next();
+      CUDA_CHECK(cudaEventRecordWithFlags(e, stream_, cudaEventRecordExternal));
+      return e;
     }
-    CUDA_CHECK(cudaEventRecord(pool_[used_], stream_));
-    return used_++;
+    cudaEvent_t e = pool_.next();
+    CUDA_CHECK(cudaEventRecord(e, stream_));
+    return e;
   }
   struct HostPart {
     std::chrono::steady_clock::time_point start;
@@ -80,10 +111,11 @@ class CudaTimer : public StepTimer {
   cudaStream_t stream_;
   cudaEvent_t origin_ = nullptr;
   std::vector<PhaseInterval> last_;
-  std::vector<cudaEvent_t> pool_;
-  size_t used_ = 0;
-  std::array<size_t, kNumPhases> open_{};
+  EventPool pool_, graph_pool_;
+  std::array<cudaEvent_t, kNumPhases> open_{};
   std::vector<Interval> intervals_;
+  bool capturing_ = false;
+  std::vector<Interval> captured_;  // the recording's intervals, in the order they run
 };
 
 }  // namespace

@@ -74,6 +74,9 @@ expect 2 "--grad-transport 'shm' is not nccl or ce" "$trainer" "${small[@]}" "${
 expect 2 "cannot be combined with --shard-optim" "$trainer" "${small[@]}" "${data[@]}" --grad-transport ce --grad-reduce bf16 --shard-optim
 expect 2 "--comm-sms 8 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --comm-sms 8
 expect 2 "--comm-sms must lie in \\[0, 64\\]" "$trainer" "${small[@]}" "${data[@]}" --comm-sms -1
+expect 2 "--cuda-graph needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --cuda-graph
+expect 2 "--cuda-graph needs --device cuda \\(--device auto, which found no GPU\\)" \
+  env CUDA_VISIBLE_DEVICES= "$trainer" "${small[@]:2}" "${data[@]}" --cuda-graph
 expect 2 "--mode 'bogus'" "$trainer" "${small[@]}" --benchmark --mode bogus
 expect 2 "--bucket-mb must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --bucket-mb -1
 expect 2 "--trace .*cannot write" "$trainer" "${small[@]}" "${data[@]}" --trace "$tmp/afile/t.json"

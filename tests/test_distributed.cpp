@@ -541,3 +541,51 @@ TEST_CASE(
                    world),
       Catch::Matchers::Contains("loss became"));
 }
+
+#ifdef TEST_ON_GPU
+// --cuda-graph replays one recording of the step's forwards and backwards instead of launching
+// their kernels one by one: the same kernels on the same buffers, so the very losses and
+// parameters. Covered: gradient accumulation (a slot per micro-batch), recompute, validation
+// passes between steps (they overwrite the recording's activations and tokens), the simple
+// attention, and fp16's loss scaling, whose every change of scale makes a new recording. On one
+// rank (each rank alone); on several it is refused on every rank.
+TEST_CASE("--cuda-graph trains to the very parameters of launching each kernel", "[cuda-graph]") {
+  spdlog::set_level(spdlog::level::err);
+  MpiCommunicator world(MPI_COMM_WORLD);
+  MpiCommunicator self(MPI_COMM_SELF);
+  const std::string val = scratch() + "/tokens.npy";
+  const std::vector<std::vector<std::string>> cases = {
+      {"--precision", "bf16", "--batch", "12", "--grad-accum", "2"},
+      {"--precision", "bf16", "--batch", "24", "--recompute", "block", "--eval-every", "5",
+       "--val-data", val},
+      {"--precision", "fp32", "--batch", "8", "--grad-accum", "3", "--attn", "simple"},
+      {"--precision", "fp16", "--batch", "24", "--loss-scale-window", "3",
+       "--debug-inf-grad-at-step", "4"},
+  };
+  for (std::vector<std::string> args : cases) {
+    args.insert(args.end(), {"--ddp", "none"});
+    const TrainResult eager = run_training(make_options(args), self, /*keep_params=*/true);
+    args.push_back("--cuda-graph");
+    std::string what;
+    for (const std::string& a : args) what += a + " ";
+    INFO(what);
+    const TrainResult graph = run_training(make_options(args), self, /*keep_params=*/true);
+    REQUIRE(graph.losses.size() == static_cast<size_t>(kSteps));
+    CHECK(graph.losses == eager.losses);
+    CHECK(graph.val_losses == eager.val_losses);
+    CHECK(graph.loss_scales == eager.loss_scales);
+    CHECK(graph.skipped == eager.skipped);
+    REQUIRE(graph.params == eager.params);
+    if (args[1] == "fp16") {  // the scale changed: the step was recorded more than once
+      CHECK(std::count(graph.skipped.begin(), graph.skipped.end(), true) == 1);
+      CHECK(graph.loss_scales.front() != graph.loss_scales.back());
+    }
+  }
+  const int w = world.world();
+  if (w > 1)
+    REQUIRE_THROWS_WITH(
+        run_training(make_options({"--batch", std::to_string(kGlobalBatch / w), "--cuda-graph"}),
+                     world),
+        ContainsSubstring("--cuda-graph runs on one rank so far"));
+}
+#endif

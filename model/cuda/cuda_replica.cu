@@ -6,7 +6,12 @@
 // constructor, out of one allocation sized for (max_batch, ctx). Nothing is allocated afterwards,
 // and nothing in forward or backward waits for the device: token ids travel through pinned staging
 // buffers with cudaMemcpyAsync, losses are summed on the device, and take_loss() / evaluate() are
-// the only synchronising calls.
+// the only synchronising calls (and stage(), which waits until the last replay has read its slot).
+//
+// --cuda-graph records the forwards and backwards of a step once (begin_capture .. end_capture)
+// and replays the recording: the host stages each micro-batch into a pinned slot of its own
+// first, the recording uploads from those slots, and backward launches one embedding-gradient
+// block row per token of the micro-batch, the rows past its last group empty.
 //
 // Forward of block l (n = B*T rows, d model width, f = d_ff):
 //   ln1  = rmsnorm(x_l)                       [rstd1 kept]
@@ -112,6 +117,11 @@ class CudaReplica final : public Replica {
   float evaluate(const MicroBatch& mb) override;
   void zero_grads() override;
   void set_params(const float* host) override;
+  void stage(const MicroBatch& mb, int slot) override;
+  void forward_staged(int slot, const ParamsNeededFn& need) override;
+  void begin_capture() override;
+  void end_capture() override;
+  void replay() override;
   int64_t activation_bytes() const override { return arena_bytes_; }
   std::vector<MemoryItem> memory_plan() const override {
     const auto bytes = [](const DeviceBuffer& b) { return static_cast<int64_t>(b.bytes()); };
@@ -169,6 +179,11 @@ class CudaReplica final : public Replica {
   void use_device() const { CUDA_CHECK(cudaSetDevice(device_index_)); }
   void carve(Carver& cv);
   void check_batch(const MicroBatch& mb) const;
+  // A staging slot holds, for n tokens, what tokens_ holds on the device: ids and targets
+  // (put_tokens), then backward's grouping of the positions by id (put_buckets: ids, n + 1
+  // starts, positions), 5n + 1 int32 in all. put_buckets returns the number of groups.
+  static void put_tokens(const MicroBatch& mb, int32_t* slot);
+  int64_t put_buckets(const MicroBatch& mb, int32_t* slot);
   // Copies ids and targets into the next pinned slot and uploads them on the stream.
   void stage_tokens(const MicroBatch& mb);
   // Then (training, once forward is queued) the embedding-gradient buckets into the same slot.
@@ -252,12 +267,27 @@ class CudaReplica final : public Replica {
   int slot_ = 0;
   PinnedHandle loss_host_;
   std::vector<int32_t> bucket_scratch_;
-  int64_t num_buckets_ = 0;
-  int64_t B_ = 0, seq_ = 0;  // shape of the last forward
-  bool backward_ready_ = false;
-  // False from zero_grads() to the end of the next backward, which then overwrites the gradients.
-  bool accumulate_grads_ = true;
-  int64_t train_tokens_ = 0;
+  // Host state that forward and backward change, which replay() re-applies.
+  struct HostState {
+    int64_t groups = 0;      // embedding-gradient groups the next backward launches
+    int64_t B = 0, seq = 0;  // shape of the last forward
+    bool backward_ready = false;
+    // False from zero_grads() to the end of the next backward, which then overwrites the
+    // gradients.
+    bool accumulate_grads = true;
+    int64_t train_tokens = 0;  // since the last take_loss()
+  } host_;
+  // --cuda-graph: one pinned slot per micro-batch of the captured step, with the shape staged in
+  // it; the recording and the host state at its start and end.
+  struct StagedSlot {
+    PinnedHandle pinned;
+    int64_t batch = 0, seq = 0;
+  };
+  std::vector<std::unique_ptr<StagedSlot>> staged_;
+  EventHandle staged_read_;  // after the last replay (or uncaptured forward_staged's upload)
+  cudaGraphExec_t graph_ = nullptr;
+  bool capturing_ = false;
+  HostState captured_begin_, captured_end_;
   std::vector<std::string> fwd_names_, bwd_names_;
 };
 
@@ -385,6 +415,11 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
     CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_[s].e, cudaEventDisableTiming));
   }
   CUDA_CHECK(cudaHostAlloc(&loss_host_.p, 2 * sizeof(double), cudaHostAllocDefault));
+  for (int s = 0; s < o.graph_slots; ++s) {
+    staged_.push_back(std::make_unique<StagedSlot>());
+    CUDA_CHECK(cudaHostAlloc(&staged_.back()->pinned.p, slot_bytes, cudaHostAllocDefault));
+  }
+  CUDA_CHECK(cudaEventCreateWithFlags(&staged_read_.e, cudaEventDisableTiming));
   // The zero fills and the table upload above ran on the legacy default stream, which the
   // non-blocking compute stream does not wait for.
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -400,6 +435,7 @@ template <typename T>
 CudaReplica<T>::~CudaReplica() {
   // Finish queued work before buffers go away; errors cannot be reported from here.
   if (stream_.s) cudaStreamSynchronize(stream_.s);
+  if (graph_) cudaGraphExecDestroy(graph_);
 }
 
 template <typename T>
@@ -510,6 +546,20 @@ void CudaReplica<T>::check_batch(const MicroBatch& mb) const {
   }
 }
 
+template <typename T>
+void CudaReplica<T>::put_tokens(const MicroBatch& mb, int32_t* slot) {
+  const int64_t n = mb.batch * mb.seq;
+  std::memcpy(slot, mb.inputs, n * sizeof(int32_t));
+  std::memcpy(slot + n, mb.targets, n * sizeof(int32_t));
+}
+
+template <typename T>
+int64_t CudaReplica<T>::put_buckets(const MicroBatch& mb, int32_t* slot) {
+  const int64_t n = mb.batch * mb.seq;
+  return build_embedding_buckets(mb.inputs, n, bucket_scratch_, slot + 2 * n, slot + 3 * n,
+                                 slot + 4 * n + 1);
+}
+
 // The slot's previous upload must have finished before the host overwrites it; with two slots
 // that wait is almost always already over.
 template <typename T>
@@ -518,8 +568,7 @@ void CudaReplica<T>::stage_tokens(const MicroBatch& mb) {
   slot_ = (slot_ + 1) % kSlots;
   CUDA_CHECK(cudaEventSynchronize(uploaded_[slot_].e));
   auto* host = static_cast<int32_t*>(pinned_[slot_].p);
-  std::memcpy(host, mb.inputs, n * sizeof(int32_t));
-  std::memcpy(host + n, mb.targets, n * sizeof(int32_t));
+  put_tokens(mb, host);
   CUDA_CHECK(
       cudaMemcpyAsync(tokens_, host, 2 * n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_.s));
   CUDA_CHECK(cudaEventRecord(uploaded_[slot_].e, stream_.s));
@@ -532,8 +581,7 @@ template <typename T>
 void CudaReplica<T>::stage_buckets(const MicroBatch& mb) {
   const int64_t n = mb.batch * mb.seq;
   auto* host = static_cast<int32_t*>(pinned_[slot_].p);  // stage_tokens' slot, already free
-  num_buckets_ = build_embedding_buckets(mb.inputs, n, bucket_scratch_, host + 2 * n, host + 3 * n,
-                                         host + 4 * n + 1);
+  host_.groups = put_buckets(mb, host);
   CUDA_CHECK(cudaMemcpyAsync(tokens_ + 2 * n, host + 2 * n, (3 * n + 1) * sizeof(int32_t),
                              cudaMemcpyHostToDevice, stream_.s));
   CUDA_CHECK(cudaEventRecord(uploaded_[slot_].e, stream_.s));
@@ -583,7 +631,7 @@ void CudaReplica<T>::linear_backward_weight(const T* dy, int64_t ldy, const T* x
   g.d = dW;
   g.ldd = d_in;
   g.alpha = alpha;
-  g.beta = accumulate_grads_ ? 1.0f : 0.0f;  // accumulate over micro-batches after the first
+  g.beta = host_.accumulate_grads ? 1.0f : 0.0f;  // accumulate over micro-batches after the first
   g.ab_type = dtype_of<T>();
   g.cd_type = grad_dtype_;
   g.tf32 = tf32_;
@@ -595,13 +643,13 @@ void CudaReplica<T>::norm_backward(const T* x, const T* w, const float* rstd, co
                                    bool accumulate_dx, int64_t dw, int64_t n, RmsnormScratch rms) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if (grad_dtype_ == DType::kBF16) {
-      rmsnorm_backward(x, w, rstd, dy, dx, accumulate_dx, static_cast<T*>(G(dw)), accumulate_grads_,
-                       n, d_, rms, stream_.s);
+      rmsnorm_backward(x, w, rstd, dy, dx, accumulate_dx, static_cast<T*>(G(dw)),
+                       host_.accumulate_grads, n, d_, rms, stream_.s);
       return;
     }
   }
-  rmsnorm_backward(x, w, rstd, dy, dx, accumulate_dx, static_cast<float*>(G(dw)), accumulate_grads_,
-                   n, d_, rms, stream_.s);
+  rmsnorm_backward(x, w, rstd, dy, dx, accumulate_dx, static_cast<float*>(G(dw)),
+                   host_.accumulate_grads, n, d_, rms, stream_.s);
 }
 
 template <typename T>
@@ -733,22 +781,22 @@ void CudaReplica<T>::forward(const MicroBatch& mb, const ParamsNeededFn& need) {
   stage_tokens(mb);
   run_forward(mb.batch, mb.seq, true, need);
   stage_buckets(mb);
-  B_ = mb.batch;
-  seq_ = mb.seq;
-  train_tokens_ += mb.batch * mb.seq;
-  backward_ready_ = true;
+  host_.B = mb.batch;
+  host_.seq = mb.seq;
+  host_.train_tokens += mb.batch * mb.seq;
+  host_.backward_ready = true;
 }
 
 template <typename T>
 float CudaReplica<T>::take_loss() {
-  TRAINER_CHECK(train_tokens_ > 0, "take_loss() with no forward since the last call");
+  TRAINER_CHECK(host_.train_tokens > 0, "take_loss() with no forward since the last call");
   use_device();
   auto* host = static_cast<double*>(loss_host_.p);
   CUDA_CHECK(cudaMemcpyAsync(host, loss_sum_, sizeof(double), cudaMemcpyDeviceToHost, stream_.s));
   CUDA_CHECK(cudaMemsetAsync(loss_sum_, 0, sizeof(double), stream_.s));
   CUDA_CHECK(cudaStreamSynchronize(stream_.s));
-  const double mean = host[0] / static_cast<double>(train_tokens_);
-  train_tokens_ = 0;
+  const double mean = host[0] / static_cast<double>(host_.train_tokens);
+  host_.train_tokens = 0;
   return static_cast<float>(mean);
 }
 
@@ -757,7 +805,7 @@ float CudaReplica<T>::evaluate(const MicroBatch& mb) {
   use_device();
   check_batch(mb);
   // The evaluation forward reuses the activation buffers: a later backward has nothing to use.
-  backward_ready_ = false;
+  host_.backward_ready = false;
   stage_tokens(mb);
   run_forward(mb.batch, mb.seq, false, {});
   auto* host = static_cast<double*>(loss_host_.p);
@@ -776,11 +824,11 @@ template <typename T>
 void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
   // evaluate() and an earlier backward (which overwrites P, dlogits' consumers and the gate
   // inputs in place) leave nothing to backpropagate.
-  TRAINER_CHECK(backward_ready_,
+  TRAINER_CHECK(host_.backward_ready,
                 "backward without a training forward since the last evaluate or backward");
-  backward_ready_ = false;
+  host_.backward_ready = false;
   use_device();
-  const int64_t B = B_, seq = seq_, n = B * seq, d = d_, f = f_;
+  const int64_t B = host_.B, seq = host_.seq, n = B * seq, d = d_, f = f_;
   cudaStream_t s = stream_.s;
   const QkvLayout qkv_layout = flash_ ? QkvLayout::kTokenMajor : QkvLayout::kHeadMajor;
   const RmsnormScratch rms{rms_partial_, rms_counters_};
@@ -840,14 +888,14 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     done(p.i_ln1);  // dres_ is now dL/dx of this block's input
   }
   const int32_t* bucket_ids = tokens_ + 2 * n;
-  embedding_backward(dres_, bucket_ids, tokens_ + 3 * n, tokens_ + 4 * n + 1, num_buckets_,
+  embedding_backward(dres_, bucket_ids, tokens_ + 3 * n, tokens_ + 4 * n + 1, host_.groups,
                      emb_grad_, d, s);
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     // bf16 gradients: the rows were summed in fp32 (over every micro-step so far); round them.
     if (grad_dtype_ == DType::kBF16)
       cast(emb_grad_, static_cast<T*>(G(off_emb_)), layout_.tensors()[i_emb_].numel, s);
   }
-  accumulate_grads_ = true;
+  host_.accumulate_grads = true;
   done(i_emb_);
 }
 
@@ -856,7 +904,92 @@ void CudaReplica<T>::zero_grads() {
   use_device();
   const ParamTensor& emb = layout_.tensors()[i_emb_];
   CUDA_CHECK(cudaMemsetAsync(emb_grad_, 0, emb.numel * sizeof(float), stream_.s));
-  accumulate_grads_ = false;
+  host_.accumulate_grads = false;
+}
+
+// The slot's tokens, then its grouping for backward: the groups past the last one are made empty,
+// because a recorded backward launches as many as the micro-batch could have (one per token).
+template <typename T>
+void CudaReplica<T>::stage(const MicroBatch& mb, int slot) {
+  use_device();
+  TRAINER_CHECK(slot >= 0 && slot < static_cast<int>(staged_.size()),
+                "stage: slot {} of {} (ReplicaOptions::graph_slots)", slot, staged_.size());
+  check_batch(mb);
+  CUDA_CHECK(cudaEventSynchronize(staged_read_.e));
+  StagedSlot& st = *staged_[static_cast<size_t>(slot)];
+  const int64_t n = mb.batch * mb.seq;
+  auto* host = static_cast<int32_t*>(st.pinned.p);
+  put_tokens(mb, host);
+  int32_t* starts = host + 3 * n;
+  std::fill(starts + put_buckets(mb, host) + 1, starts + n + 1, static_cast<int32_t>(n));
+  st.batch = mb.batch;
+  st.seq = mb.seq;
+}
+
+template <typename T>
+void CudaReplica<T>::forward_staged(int slot, const ParamsNeededFn& need) {
+  use_device();
+  TRAINER_CHECK(slot >= 0 && slot < static_cast<int>(staged_.size()) && staged_[slot]->batch > 0,
+                "forward_staged: slot {} was not staged", slot);
+  const StagedSlot& st = *staged_[static_cast<size_t>(slot)];
+  const int64_t n = st.batch * st.seq;
+  CUDA_CHECK(cudaMemcpyAsync(tokens_, st.pinned.p, (5 * n + 1) * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, stream_.s));
+  // A recording reads the slot when it is replayed, and replay() marks that.
+  if (!capturing_) CUDA_CHECK(cudaEventRecord(staged_read_.e, stream_.s));
+  run_forward(st.batch, st.seq, true, need);
+  host_.groups = n;
+  host_.B = st.batch;
+  host_.seq = st.seq;
+  host_.train_tokens += n;
+  host_.backward_ready = true;
+}
+
+template <typename T>
+void CudaReplica<T>::begin_capture() {
+  use_device();
+  TRAINER_CHECK(!capturing_, "begin_capture: already recording");
+  if (graph_) {
+    CUDA_CHECK(cudaGraphExecDestroy(graph_));
+    graph_ = nullptr;
+  }
+  captured_begin_ = host_;
+  // Thread-local: a call that is not allowed while recording fails in this thread only.
+  CUDA_CHECK(cudaStreamBeginCapture(stream_.s, cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+}
+
+template <typename T>
+void CudaReplica<T>::end_capture() {
+  use_device();
+  TRAINER_CHECK(capturing_, "end_capture without begin_capture");
+  capturing_ = false;
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(stream_.s, &g);
+  if (e != cudaSuccess)
+    runtime_error("recording the step as a CUDA graph failed: {}", cudaGetErrorString(e));
+  const cudaError_t i = cudaGraphInstantiate(&graph_, g, 0);
+  cudaGraphDestroy(g);
+  if (i != cudaSuccess)
+    runtime_error("instantiating the step's CUDA graph failed: {}", cudaGetErrorString(i));
+  // Nothing recorded has run yet: the host state goes back to where the recording began.
+  captured_end_ = host_;
+  host_ = captured_begin_;
+}
+
+template <typename T>
+void CudaReplica<T>::replay() {
+  use_device();
+  TRAINER_CHECK(graph_ && !capturing_, "replay without a recording");
+  // The recorded backward overwrites or adds to the gradients as it did when recorded.
+  TRAINER_CHECK(host_.accumulate_grads == captured_begin_.accumulate_grads &&
+                    host_.backward_ready == captured_begin_.backward_ready,
+                "replay: the gradient state differs from the recording's");
+  CUDA_CHECK(cudaGraphLaunch(graph_, stream_.s));
+  CUDA_CHECK(cudaEventRecord(staged_read_.e, stream_.s));
+  const int64_t tokens = host_.train_tokens;
+  host_ = captured_end_;
+  host_.train_tokens = tokens + captured_end_.train_tokens - captured_begin_.train_tokens;
 }
 
 template <typename T>

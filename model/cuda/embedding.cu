@@ -20,9 +20,9 @@ __global__ void embedding_forward_kernel(const int32_t* __restrict__ ids,
   store_pack<kV>(out + row * d + c, load_pack<kV>(table + token * d + c));
 }
 
-// backward: dtable[v, c] += sum_{i in group(v)} dout[i, c]. Block x = one token group, threads
-// over channel chunks; the sum runs over the group's positions in ascending order, so the
-// result does not depend on scheduling.
+// backward: dtable[v, c] += sum_{i in group(v)} dout[i, c]. Block x = one token group (empty
+// groups do nothing), threads over channel chunks; the sum runs over the group's positions in
+// ascending order, so the result does not depend on scheduling.
 template <typename T, int kV>
 __global__ void embedding_backward_kernel(const T* __restrict__ dout,
                                           const int32_t* __restrict__ bucket_ids,
@@ -36,6 +36,7 @@ __global__ void embedding_backward_kernel(const T* __restrict__ dout,
 #pragma unroll
   for (int k = 0; k < kV; ++k) acc[k] = 0.0f;
   const int begin = bucket_start[g], end = bucket_start[g + 1];
+  if (begin == end) return;  // padding of a recorded step's grouping (CudaReplica::stage)
   for (int p = begin; p < end; ++p) {
     const Pack<T, kV> v = load_pack<kV>(dout + static_cast<int64_t>(positions[p]) * d + c);
 #pragma unroll

@@ -370,6 +370,8 @@ struct OverlappedSumSquares::Impl {
   int64_t launches = 0;             // of this step
   int next_tensor = 0;
   bool active = false;
+  bool recorded = false;  // a recording holds a whole pass (join() after on_ready's last)
+  cudaEvent_t joined = nullptr, queued = nullptr;  // side -> compute, compute -> side
 };
 
 OverlappedSumSquares::OverlappedSumSquares(const float* grads, int64_t n,
@@ -394,6 +396,8 @@ OverlappedSumSquares::OverlappedSumSquares(const float* grads, int64_t n,
   CUDA_CHECK(cudaStreamCreateWithFlags(&m.side, cudaStreamNonBlocking));
   m.events.resize(static_cast<size_t>(launches));
   for (cudaEvent_t& e : m.events) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&m.joined, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&m.queued, cudaEventDisableTiming));
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.partials), max_partials * sizeof(double)));
   CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host), max_partials * sizeof(double)));
 }
@@ -402,6 +406,8 @@ OverlappedSumSquares::~OverlappedSumSquares() {
   Impl& m = *impl_;
   if (m.side) cudaStreamSynchronize(m.side);
   for (cudaEvent_t e : m.events) cudaEventDestroy(e);
+  if (m.joined) cudaEventDestroy(m.joined);
+  if (m.queued) cudaEventDestroy(m.queued);
   cudaFree(m.partials);
   cudaFreeHost(m.host);
   if (m.side) cudaStreamDestroy(m.side);
@@ -417,6 +423,18 @@ void OverlappedSumSquares::begin() {
 }
 
 bool OverlappedSumSquares::active() const { return impl_->active; }
+
+void OverlappedSumSquares::join() {
+  Impl& m = *impl_;
+  m.recorded = m.active;
+  if (!m.active) return;  // nothing was forked
+  TRAINER_CHECK(m.launched_to == m.n, "overlapped sum of squares: {} of {} elements recorded",
+                m.launched_to, m.n);
+  CUDA_CHECK(cudaEventRecord(m.joined, m.side));
+  CUDA_CHECK(cudaStreamWaitEvent(m.compute, m.joined, 0));
+}
+
+void OverlappedSumSquares::replayed() { impl_->active = impl_->recorded; }
 
 void OverlappedSumSquares::on_ready(int index) {
   Impl& m = *impl_;
@@ -443,6 +461,8 @@ double OverlappedSumSquares::total() {
   TRAINER_CHECK(m.active && m.launched_to == m.n,
                 "overlapped sum of squares: {} of {} gradient elements were reported",
                 m.launched_to, m.n);
+  CUDA_CHECK(cudaEventRecord(m.queued, m.compute));
+  CUDA_CHECK(cudaStreamWaitEvent(m.side, m.queued, 0));
   CUDA_CHECK(cudaMemcpyAsync(m.host, m.partials, m.partial_count * sizeof(double),
                              cudaMemcpyDeviceToHost, m.side));
   CUDA_CHECK(cudaStreamSynchronize(m.side));

@@ -99,7 +99,15 @@ class OverlappedSumSquares {
   void on_ready(int index);
   // True between begin() and total().
   bool active() const;
-  // Waits for the partial sums (every tensor must have been reported) and returns their sum.
+  // Recording the step as a CUDA graph: join(), at the end of the recording, makes backward's
+  // stream wait for the partial sums of a pass begun in it (a recorded fork must join again);
+  // after each replay, replayed() makes total() expect that pass's sums (the replay ran them
+  // without begin() and on_ready()), or none.
+  void join();
+  void replayed();
+  // Waits for the partial sums (every tensor must have been reported) and returns their sum. The
+  // side stream first waits for the work queued on backward's stream so far, which covers a
+  // replayed recording of them.
   double total();
 
  private:
