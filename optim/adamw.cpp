@@ -112,11 +112,27 @@ void AdamW::step_part(Range part, BufferView grads, BufferView params_out, doubl
   step_part(part, GradTerms{grads}, params_out, lr, t, grad_scale, stream);
 }
 
-// AdamW update over the part; the element math is adamw_update() in optim/cuda/adamw.cuh.
-void AdamW::step_part(Range part, const GradTerms& grads, BufferView params_out, double lr,
-                      int64_t t, float grad_scale, void* stream) {
+AdamWStepArgs AdamW::step_args(double lr, int64_t t, float grad_scale) const {
   TRAINER_CHECK(t >= 1, "AdamW step number {} (steps count from 1)", t);
   TRAINER_CHECK(std::isfinite(lr) && lr >= 0, "AdamW learning rate {}", lr);
+  return make_step_args(cfg_, lr, t, grad_scale);
+}
+
+void AdamW::step_part(Range part, const GradTerms& grads, BufferView params_out, double lr,
+                      int64_t t, float grad_scale, void* stream) {
+  update(part, grads, params_out, step_args(lr, t, grad_scale), nullptr, stream);
+}
+
+void AdamW::step_part_recorded(Range part, const GradTerms& grads, BufferView params_out,
+                               const AdamWStepArgs* device_args, void* stream) {
+  TRAINER_CHECK(device_ == DeviceKind::kCuda && device_args,
+                "AdamW: scalars in device memory need the CUDA backend");
+  update(part, grads, params_out, AdamWStepArgs{}, device_args, stream);
+}
+
+// AdamW update over the part; the element math is adamw_update() in optim/cuda/adamw.cuh.
+void AdamW::update(Range part, const GradTerms& grads, BufferView params_out,
+                   const AdamWStepArgs& a, const AdamWStepArgs* device_args, void* stream) {
   TRAINER_CHECK(part.begin >= 0 && part.begin <= part.end && part.end <= count_,
                 "AdamW part [{}, {}) of {} elements", part.begin, part.end, count_);
   check_terms(grads, part.size(), device_);
@@ -125,7 +141,6 @@ void AdamW::step_part(Range part, const GradTerms& grads, BufferView params_out,
                     params_out.dtype == DType::kF16,
                 "AdamW writes f32, bf16 or f16 parameters, not {}", dtype_name(params_out.dtype));
   if (part.empty()) return;
-  const AdamWStepArgs a = make_step_args(cfg_, lr, t, grad_scale);
   float* p = master_.as<float>() + part.begin;
   float* m = exp_avg_.as<float>() + part.begin;
   float* v = exp_avg_sq_.as<float>() + part.begin;
@@ -135,13 +150,15 @@ void AdamW::step_part(Range part, const GradTerms& grads, BufferView params_out,
   if (device_ == DeviceKind::kCuda) {
 #ifdef TRAINER_WITH_CUDA
     if (grads[0].dtype == DType::kF32)
-      cuda::adamw_step(p, m, v, grads[0].as<const float>(), params_out.data, out_type, n, a,
-                       stream);
+      cuda::adamw_step(p, m, v, grads[0].as<const float>(), params_out.data, out_type, n, a, stream,
+                       device_args);
     else
-      cuda::adamw_step(p, m, v, bf16_terms(grads), params_out.data, out_type, n, a, stream);
+      cuda::adamw_step(p, m, v, bf16_terms(grads), params_out.data, out_type, n, a, stream,
+                       device_args);
     return;
 #else
     (void)stream;
+    (void)device_args;
     no_cuda("AdamW::step");
 #endif
   }

@@ -12,6 +12,8 @@
 
 namespace trainer {
 
+struct AdamWStepArgs;  // optim/cuda/adamw.cuh
+
 // A gradient as the optimizer reads it: the element-wise sum of its terms, added in order in fp32.
 // Either one f32 view (the reduced gradient), or 1 to 8 bf16 views, one per rank, when the ranks
 // exchange their bf16 gradients whole and sum them here (--grad-transport ce --grad-reduce bf16).
@@ -70,8 +72,17 @@ class AdamW {
   // The same with the gradient given as terms (GradTerms), each part.size() elements.
   void step_part(Range part, const GradTerms& grads, BufferView params_out, double lr, int64_t t,
                  float grad_scale, void* stream = nullptr);
+  // The scalars of step t at learning rate lr, as the update uses them (double, rounded once).
+  AdamWStepArgs step_args(double lr, int64_t t, float grad_scale) const;
+  // step_part() in a step recorded as a CUDA graph: the scalars are read from device memory when
+  // the kernels run (cuda::DeviceStepArgs). CUDA only.
+  void step_part_recorded(Range part, const GradTerms& grads, BufferView params_out,
+                          const AdamWStepArgs* device_args, void* stream);
 
  private:
+  void update(Range part, const GradTerms& grads, BufferView params_out, const AdamWStepArgs& a,
+              const AdamWStepArgs* device_args, void* stream);
+
   DeviceKind device_;
   int64_t count_;
   AdamWConfig cfg_;

@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include "core/error.h"
+#include "optim/cuda/adamw.cuh"
 
 namespace trainer {
 
@@ -28,11 +29,7 @@ double LrSchedule::at(int64_t s) const {
 float clip_scale(double global_norm, double clip) {
   if (!std::isfinite(clip) || clip < 0)
     usage_error("--clip must be a finite number >= 0 (0 = off), got {}", clip);
-  if (clip == 0) return 1.0f;
-  const double c = clip / (global_norm + 1e-6);
-  // `c < 1 ? c : 1` would turn a NaN norm into 1; keep the NaN like torch's clamp(max=1).
-  if (std::isnan(c)) return static_cast<float>(c);
-  return static_cast<float>(c < 1.0 ? c : 1.0);
+  return clip_factor(global_norm, clip);
 }
 
 }  // namespace trainer

@@ -30,14 +30,14 @@ void Run::benchmark(TrainResult& result) {
     if (s > warm) wall.push_back(ms_since(launched));
     launched = Clock::now();
     timer_->begin(Phase::kStep);
-    if (backward) replica_->zero_grads();
-    forward_backward(s, backward, /*reduce=*/backward);
-    double norm = 0;
-    if (step)
-      optimizer_step(s % o_.steps, norm);
-    else if (backward)
-      await_grads(flat_);
+    if (step) {
+      step_with_update(s, s % o_.steps);
+    } else {
+      forward_backward(s, backward, /*reduce=*/backward);
+      if (backward) await_grads(flat_);
+    }
     timer_->end(Phase::kStep);
+    if (step) take_grad_norm();
     replica_->take_loss();
     PhaseTimes t = collect_times(s, s + 1 == warm + n);
     if (s >= warm) mine.push_back(t);

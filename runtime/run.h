@@ -87,8 +87,20 @@ class Run {
 
   // run_step.cpp
   double train_step(int64_t s, PhaseTimes& times, double& grad_norm);
-  // Forward (and backward) of every micro-batch of step `step`, with --cuda-graph as a replay.
-  void forward_backward(int64_t step, bool backward, bool reduce);
+  // Forward (and backward, on zeroed gradients) of every micro-batch of step `step`, with
+  // --cuda-graph as a replay; `update`: the recording also holds the update (record_update),
+  // which needs --cuda-graph.
+  void forward_backward(int64_t step, bool backward, bool reduce, bool update = false);
+  // A training step's work: forward_backward(), then the norm and AdamW at the schedule's step
+  // lr_step (optimizer_step), or with --cuda-graph, when the update needs no host decision (no
+  // loss scaling), all of it as one replay. take_grad_norm() then gives the step's gradient norm
+  // (after a replay it waits for the step: call it after the step's last timer event).
+  void step_with_update(int64_t s, int64_t lr_step);
+  double take_grad_norm();
+  bool update_recordable() const;
+  // The update's device work, recorded: AdamW's scalars uploaded, the clipping factor from the
+  // norm's partial sums, the update kernels reading both from device memory.
+  void record_update();
   // Micro-batch k of step `step` into inputs_ and targets_ (timed as the data phase).
   MicroBatch fill_micro_batch(int64_t step, int64_t k);
   // Forward of micro-batch k (`mb`, or the one staged in the replica's slot k when null), then
@@ -193,12 +205,16 @@ class Run {
   // One GPU: the gradient norm's pass runs beside backward (optim/cuda/adamw.cuh), for backwards
   // that the optimizer follows (norm_overlap_wanted_).
   std::unique_ptr<cuda::OverlappedSumSquares> norm_overlap_;
+  // --cuda-graph: AdamW's scalars for a recorded update.
+  std::unique_ptr<cuda::DeviceStepArgs> step_args_;
 #endif
   bool norm_overlap_wanted_ = false;
+  double grad_norm_ = 0;       // of the last step
+  bool norm_pending_ = false;  // a replayed update's norm is still on the device
   // --cuda-graph: what the replica's recording of forward_backward() was made for.
   struct GraphKey {
     float scale;
-    bool backward, reduce, norm;
+    bool backward, reduce, norm, update;
     bool operator==(const GraphKey&) const = default;
   };
   std::optional<GraphKey> graph_key_;

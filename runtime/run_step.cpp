@@ -17,23 +17,73 @@ namespace trainer {
 
 double Run::train_step(int64_t s, PhaseTimes& times, double& grad_norm) {
   timer_->begin(Phase::kStep);
-  replica_->zero_grads();
   norm_overlap_wanted_ = true;
-  forward_backward(s, /*backward=*/true, /*reduce=*/true);
-  optimizer_step(s, grad_norm);
+  step_with_update(s, s);
   timer_->end(Phase::kStep);
+  grad_norm = take_grad_norm();
   const double loss = world_.sum(replica_->take_loss()) / nranks_;
   times = collect_times(s, s + 1 == o_.steps);
   return loss;
 }
 
-void Run::forward_backward(int64_t step, bool backward, bool reduce) {
+bool Run::update_recordable() const {
+#ifdef TRAINER_WITH_CUDA
+  return o_.cuda_graph && norm_overlap_ && step_args_ && !scaler_.enabled();
+#else
+  return false;
+#endif
+}
+
+void Run::step_with_update(int64_t s, int64_t lr_step) {
+  if (!update_recordable()) {
+    forward_backward(s, /*backward=*/true, /*reduce=*/true);
+    optimizer_step(lr_step, grad_norm_);
+    return;
+  }
+#ifdef TRAINER_WITH_CUDA
+  // The recording reads these when replayed; the clipping factor it computes itself.
+  step_args_->set(opt_->step_args(schedule_.at(lr_step), adam_steps_ + 1, 1.0f));
+  forward_backward(s, /*backward=*/true, /*reduce=*/true, /*update=*/true);
+  // What optimizer_step decides on the host; the norm is read after the step (take_grad_norm).
+  step_scale_ = 1;
+  step_skipped_ = false;
+  ++adam_steps_;
+  norm_pending_ = true;
+#endif
+}
+
+double Run::take_grad_norm() {
+#ifdef TRAINER_WITH_CUDA
+  if (norm_pending_) grad_norm_ = std::sqrt(norm_overlap_->total());
+#endif
+  norm_pending_ = false;
+  return grad_norm_;
+}
+
+#ifdef TRAINER_WITH_CUDA
+void Run::record_update() {
+  PhaseScope p(*timer_, Phase::kOptimizer);
+  nvtxRangePushA("optimizer");
+  step_args_->upload(replica_->stream());
+  norm_overlap_->clip_into(step_args_->device(), o_.clip, /*loss_scale=*/1.0);
+  const BufferView grads = replica_->grads().slice(owned_.begin, owned_.size());
+  const BufferView params = replica_->params().slice(owned_.begin, owned_.size());
+  for (auto part = update_parts_.rbegin(); part != update_parts_.rend(); ++part)
+    opt_->step_part_recorded(*part, GradTerms{grads.slice(part->begin, part->size())},
+                             params.slice(part->begin, part->size()), step_args_->device(),
+                             replica_->stream());
+  nvtxRangePop();
+}
+#endif
+
+void Run::forward_backward(int64_t step, bool backward, bool reduce, bool update) {
   // d(mean over G*T tokens)/d(token loss), times the loss scale (1 without loss scaling).
   double loss_scale = scaler_.scale();
   if (step == o_.debug_inf_grad_at_step && rank_ == o_.debug_inf_grad_rank)
     loss_scale = std::numeric_limits<double>::infinity();  // every gradient becomes inf or NaN
   const float scale = static_cast<float>(loss_scale / static_cast<double>(G_ * o_.config.ctx));
   if (!o_.cuda_graph) {
+    if (backward) replica_->zero_grads();
     for (int64_t k = 0; k < o_.grad_accum; ++k) {
       const MicroBatch mb = fill_micro_batch(step, k);
       micro_step(k, &mb, scale, backward, reduce);
@@ -44,15 +94,17 @@ void Run::forward_backward(int64_t step, bool backward, bool reduce) {
   // work, made again whenever what it bakes in changes (the loss scale, the kind of step).
   for (int64_t k = 0; k < o_.grad_accum; ++k)
     replica_->stage(fill_micro_batch(step, k), static_cast<int>(k));
-  const GraphKey key{scale, backward, reduce, norm_overlap_wanted_};
+  const GraphKey key{scale, backward, reduce, norm_overlap_wanted_, update};
   const bool record = !graph_key_ || !(*graph_key_ == key);
   if (record) {
     spdlog::debug("recording the step as a CUDA graph");
     replica_->begin_capture();
     timer_->begin_capture();
+    if (backward) replica_->zero_grads();
     for (int64_t k = 0; k < o_.grad_accum; ++k) micro_step(k, nullptr, scale, backward, reduce);
 #ifdef TRAINER_WITH_CUDA
     if (norm_overlap_) norm_overlap_->join();
+    if (update) record_update();
 #endif
     timer_->end_capture();
     replica_->end_capture();

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "optim/adamw.h"
 #include "optim/cuda/adamw.cuh"
+#include "optim/schedule.h"
 #include "tests/catch.h"
 
 #ifdef TRAINER_WITH_CUDA
@@ -249,6 +250,46 @@ TEST_CASE("the overlapped sum of squares equals sum_squares and is deterministic
   norm.on_ready(0);
   CHECK_THROWS_AS(norm.on_ready(2), RuntimeError);
   CHECK_THROWS_AS(norm.total(), RuntimeError);
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// A step recorded as a CUDA graph (--cuda-graph) reads AdamW's scalars from device memory, and
+// computes the clipping factor there from the overlapped norm's partials: the same bits as the
+// host's clip_scale() and the by-value update.
+TEST_CASE("AdamW with its scalars and clipping factor on the device equals the host's") {
+  const int64_t n = 3 * 300007;
+  const std::vector<int64_t> ends = {300007, 2 * 300007, n};
+  const std::vector<float> g = random_floats(n, 0.05f, 23), p0 = random_floats(n, 1.0f, 24);
+  const DeviceBuffer grads = upload(g);
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (double clip : {0.0, 0.5, 1e6}) {
+    INFO("clip " << clip);
+    AdamW host(DeviceKind::kCuda, n, AdamWConfig{}), device(DeviceKind::kCuda, n, AdamWConfig{});
+    DeviceBuffer out_host(DeviceKind::kCuda, DType::kBF16, n);
+    DeviceBuffer out_device(DeviceKind::kCuda, DType::kBF16, n);
+    const DeviceBuffer p = upload(p0);
+    for (AdamW* o : {&host, &device})
+      CUDA_CHECK(cudaMemcpy(o->master().data, p.view().data, n * 4, cudaMemcpyDeviceToDevice));
+    cuda::OverlappedSumSquares norm(grads.as<const float>(), n, ends, stream);
+    cuda::DeviceStepArgs args;
+    for (int64_t t = 1; t <= 3; ++t) {
+      const double lr = 1e-3 * static_cast<double>(t);
+      norm.begin();
+      for (int i = 0; i < 3; ++i) norm.on_ready(i);
+      args.set(device.step_args(lr, t, 1.0f));
+      args.upload(stream);
+      norm.clip_into(args.device(), clip, 1.0);
+      device.step_part_recorded({0, n}, GradTerms{grads.view()}, out_device.view(), args.device(),
+                                stream);
+      const float factor = clip_scale(std::sqrt(norm.total()), clip);
+      host.step_part({0, n}, GradTerms{grads.view()}, out_host.view(), lr, t, factor, stream);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CHECK(download<float>(device.master()) == download<float>(host.master()));
+    CHECK(download<float>(device.exp_avg_sq()) == download<float>(host.exp_avg_sq()));
+    CHECK(download<uint16_t>(out_device.view()) == download<uint16_t>(out_host.view()));
+  }
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
 #endif

@@ -120,9 +120,17 @@ auto with_terms(const GradTermsArg& terms, Fn fn) {
 // Groups of four elements through float4, grid-stride; the last n % 4 elements are done by the
 // first threads of the grid. All pointers must be 16-byte aligned (out: 16 for fp32, 8 for bf16
 // and fp16; bf16 gradient terms 8).
+// The step's scalars: by value, or read from device memory when the kernel runs.
+struct StepArgsRef {
+  AdamWStepArgs value;
+  const AdamWStepArgs* device;
+  __device__ AdamWStepArgs get() const { return device ? *device : value; }
+};
+
 template <typename OutT, typename Grad>
 __global__ void adamw_vec4_kernel(float* master, float* m, float* v, Grad g, OutT* out, int64_t n,
-                                  AdamWStepArgs a) {
+                                  StepArgsRef ref) {
+  const AdamWStepArgs a = ref.get();
   const int64_t n4 = n / 4;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -150,7 +158,8 @@ __global__ void adamw_vec4_kernel(float* master, float* m, float* v, Grad g, Out
 // One element per iteration, for views whose offsets do not allow float4.
 template <typename OutT, typename Grad>
 __global__ void adamw_scalar_kernel(float* master, float* m, float* v, Grad g, OutT* out, int64_t n,
-                                    AdamWStepArgs a) {
+                                    StepArgsRef ref) {
+  const AdamWStepArgs a = ref.get();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -165,7 +174,7 @@ __global__ void adamw_scalar_kernel(float* master, float* m, float* v, Grad g, O
 
 template <typename OutT, typename Grad>
 void launch_adamw(float* master, float* m, float* v, const Grad& g, OutT* out, int64_t n,
-                  const AdamWStepArgs& a, cudaStream_t stream) {
+                  const StepArgsRef& a, cudaStream_t stream) {
   const bool vec = aligned(master, 16) && aligned(m, 16) && aligned(v, 16) && g.vec_ok() &&
                    aligned(out, 4 * sizeof(OutT));
   if (vec) {
@@ -179,7 +188,7 @@ void launch_adamw(float* master, float* m, float* v, const Grad& g, OutT* out, i
 
 template <typename Grad>
 void adamw_any_out(float* master, float* m, float* v, const Grad& g, void* out, DType out_type,
-                   int64_t n, const AdamWStepArgs& args, void* stream) {
+                   int64_t n, const StepArgsRef& args, void* stream) {
   if (n == 0) return;
   const cudaStream_t s = as_stream(stream);
   switch (out_type) {
@@ -274,15 +283,35 @@ void launch_cast(const float* src, uint16_t* dst, int64_t n, void* stream) {
 }  // namespace
 
 void adamw_step(float* master, float* m, float* v, const float* grads, void* out, DType out_type,
-                int64_t n, const AdamWStepArgs& args, void* stream) {
-  adamw_any_out(master, m, v, F32Grad{grads}, out, out_type, n, args, stream);
+                int64_t n, const AdamWStepArgs& args, void* stream,
+                const AdamWStepArgs* device_args) {
+  adamw_any_out(master, m, v, F32Grad{grads}, out, out_type, n, StepArgsRef{args, device_args},
+                stream);
 }
 
 void adamw_step(float* master, float* m, float* v, const GradTermsArg& grads, void* out,
-                DType out_type, int64_t n, const AdamWStepArgs& args, void* stream) {
+                DType out_type, int64_t n, const AdamWStepArgs& args, void* stream,
+                const AdamWStepArgs* device_args) {
   with_terms(grads, [&](const auto& g) {
-    adamw_any_out(master, m, v, g, out, out_type, n, args, stream);
+    adamw_any_out(master, m, v, g, out, out_type, n, StepArgsRef{args, device_args}, stream);
   });
+}
+
+DeviceStepArgs::DeviceStepArgs() {
+  CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_), sizeof(AdamWStepArgs)));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device_), sizeof(AdamWStepArgs)));
+}
+
+DeviceStepArgs::~DeviceStepArgs() {
+  cudaFree(device_);
+  cudaFreeHost(host_);
+}
+
+void DeviceStepArgs::set(const AdamWStepArgs& a) { *host_ = a; }
+
+void DeviceStepArgs::upload(void* stream) {
+  CUDA_CHECK(cudaMemcpyAsync(device_, host_, sizeof(AdamWStepArgs), cudaMemcpyHostToDevice,
+                             as_stream(stream)));
 }
 
 namespace {
@@ -423,6 +452,39 @@ void OverlappedSumSquares::begin() {
 }
 
 bool OverlappedSumSquares::active() const { return impl_->active; }
+
+namespace {
+// The partials added in index order, as total() adds them on the host, then the factor. The
+// block loads them into shared memory a tile at a time (coalesced), and thread 0 adds each tile
+// in order: a single thread reading global memory would wait on every load.
+__global__ void clip_from_partials_kernel(const double* partials, int64_t count, double clip,
+                                          double loss_scale, AdamWStepArgs* args) {
+  __shared__ double tile[kThreads];
+  double sum = 0.0;
+  for (int64_t base = 0; base < count; base += kThreads) {
+    const int64_t i = base + threadIdx.x;
+    tile[threadIdx.x] = i < count ? partials[i] : 0.0;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int64_t end = count - base < kThreads ? count - base : kThreads;
+      for (int64_t j = 0; j < end; ++j) sum += tile[j];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  const double norm = sqrt(sum) / loss_scale;
+  args->grad_scale = static_cast<float>(clip_factor(norm, clip) / loss_scale);
+}
+}  // namespace
+
+void OverlappedSumSquares::clip_into(AdamWStepArgs* args, double clip, double loss_scale) {
+  Impl& m = *impl_;
+  TRAINER_CHECK(m.active && m.launched_to == m.n,
+                "overlapped sum of squares: clip_into before every tensor was reported");
+  clip_from_partials_kernel<<<1, kThreads, 0, m.compute>>>(m.partials, m.partial_count, clip,
+                                                           loss_scale, args);
+  CUDA_CHECK_LAUNCH("clip_from_partials_kernel");
+}
 
 void OverlappedSumSquares::join() {
   Impl& m = *impl_;

@@ -30,6 +30,16 @@ struct AdamWStepArgs {
   float grad_scale;             // clipping factor applied to every gradient
 };
 
+// The clipping factor of clip_scale() (optim/schedule.h) for a valid clip, in the same double
+// operations on the host and on the device (where a recorded step computes it).
+TRAINER_HD inline float clip_factor(double global_norm, double clip) {
+  if (clip == 0) return 1.0f;
+  const double c = clip / (global_norm + 1e-6);
+  // `c < 1 ? c : 1` would turn a NaN norm into 1; keep the NaN like torch's clamp(max=1).
+  if (isnan(c)) return static_cast<float>(c);
+  return static_cast<float>(c < 1.0 ? c : 1.0);
+}
+
 // One element of torch.optim.AdamW (fp32 path):
 //   g = g_raw * grad_scale
 //   m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g*g
@@ -58,12 +68,37 @@ namespace cuda {
 //
 // master, m, v, grads: n fp32; out: n elements of out_type (kF32, kBF16 or kF16; the 16-bit
 // types rounded to nearest even). out may alias master (fp32). float4 loads are used when every
-// pointer allows them, scalar loads otherwise.
+// pointer allows them, scalar loads otherwise. The step's scalars are `args`, or when
+// `device_args` is given the AdamWStepArgs it points to in device memory, read when the kernel
+// runs (a recorded step: DeviceStepArgs).
 void adamw_step(float* master, float* m, float* v, const float* grads, void* out, DType out_type,
-                int64_t n, const AdamWStepArgs& args, void* stream);
+                int64_t n, const AdamWStepArgs& args, void* stream,
+                const AdamWStepArgs* device_args = nullptr);
 // The same with the gradient = the sum of grads' bf16 terms, each n elements.
 void adamw_step(float* master, float* m, float* v, const GradTermsArg& grads, void* out,
-                DType out_type, int64_t n, const AdamWStepArgs& args, void* stream);
+                DType out_type, int64_t n, const AdamWStepArgs& args, void* stream,
+                const AdamWStepArgs* device_args = nullptr);
+
+// AdamW's scalars of a step recorded as a CUDA graph (--cuda-graph), in device memory: the host
+// sets them before each replay (the schedule's learning rate and the step number), the recording
+// uploads them from pinned memory, and OverlappedSumSquares::clip_into() writes the clipping
+// factor from the gradient norm, before the update kernels read them.
+class DeviceStepArgs {
+ public:
+  DeviceStepArgs();
+  ~DeviceStepArgs();
+  DeviceStepArgs(const DeviceStepArgs&) = delete;
+  DeviceStepArgs& operator=(const DeviceStepArgs&) = delete;
+  // Host side; the last replay must have finished reading them.
+  void set(const AdamWStepArgs& a);
+  // Enqueues the upload of what set() wrote, as of when the upload runs.
+  void upload(void* stream);
+  AdamWStepArgs* device() const { return device_; }
+
+ private:
+  AdamWStepArgs* host_ = nullptr;  // pinned
+  AdamWStepArgs* device_ = nullptr;
+};
 // sum of x[i]^2: each thread accumulates its grid-stride elements in fp32, blocks reduce in double
 // in a fixed order, the block partials are summed on the host in index order (no atomics).
 double sum_squares(const float* x, int64_t n, void* stream);
@@ -105,6 +140,10 @@ class OverlappedSumSquares {
   // without begin() and on_ready()), or none.
   void join();
   void replayed();
+  // In the recording, after join(): a kernel on backward's stream adds the partial sums in
+  // total()'s order and writes into args->grad_scale the factor the host would compute,
+  // clip_factor(sqrt(sum) / loss_scale, clip) / loss_scale, rounded to float.
+  void clip_into(AdamWStepArgs* args, double clip, double loss_scale);
   // Waits for the partial sums (every tensor must have been reported) and returns their sum. The
   // side stream first waits for the work queued on backward's stream so far, which covers a
   // replayed recording of them.
