@@ -8,6 +8,9 @@
 #include <cstring>
 #include <new>
 #include <utility>
+#include <vector>
+
+#include "core/bf16.h"
 
 #ifdef TRAINER_WITH_CUDA
 #include <cuda_runtime.h>
@@ -97,6 +100,25 @@ void copy(BufferView dst, BufferView src) {
 #else
   runtime_error("copy to or from a CUDA buffer in a build without CUDA");
 #endif
+}
+
+void copy_to_f32(float* host, BufferView src) {
+  if (src.dtype == DType::kF32)
+    return copy(BufferView{host, src.count, DType::kF32, DeviceKind::kCpu}, src);
+  TRAINER_CHECK(src.dtype == DType::kBF16, "copy_to_f32 of a {} view", dtype_name(src.dtype));
+  std::vector<uint16_t> bits(static_cast<size_t>(src.count));
+  copy(BufferView{bits.data(), src.count, DType::kBF16, DeviceKind::kCpu}, src);
+  for (size_t i = 0; i < bits.size(); ++i) host[i] = bf16_bits_to_f32(bits[i]);
+}
+
+void copy_from_f32(BufferView dst, const float* host) {
+  if (dst.dtype == DType::kF32)
+    return copy(dst,
+                BufferView{const_cast<float*>(host), dst.count, DType::kF32, DeviceKind::kCpu});
+  TRAINER_CHECK(dst.dtype == DType::kBF16, "copy_from_f32 into a {} view", dtype_name(dst.dtype));
+  std::vector<uint16_t> bits(static_cast<size_t>(dst.count));
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = f32_to_bf16_bits(host[i]);
+  copy(dst, BufferView{bits.data(), dst.count, DType::kBF16, DeviceKind::kCpu});
 }
 
 void zero(BufferView dst) {

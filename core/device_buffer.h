@@ -34,6 +34,10 @@ class DeviceBuffer {
 // Copies between views of equal size and dtype on any devices. Synchronous, and ordered after
 // all work queued on the device: for set-up and checkpoints, not for the hot path.
 void copy(BufferView dst, BufferView src);
+// Copies src (fp32, or bf16 widened exactly) into host fp32 memory, src.count elements.
+void copy_to_f32(float* host, BufferView src);
+// Copies host fp32 values into dst (fp32, or bf16 rounded to nearest even), dst.count elements.
+void copy_from_f32(BufferView dst, const float* host);
 // Sets every element to zero.
 void zero(BufferView dst);
 

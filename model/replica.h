@@ -40,7 +40,8 @@ struct ReplicaOptions {
   int comm_sms = 0;  // CUDA: SMs backward's GEMMs leave to collectives running beside it
   // CUDA: elements of AdamW state this rank will hold (its ZeRO-1 shard, or flat_elems), counted
   // in the check that the run fits in the GPU's memory before anything is allocated.
-  int64_t optimizer_elems = -1;  // -1: flat_elems
+  int64_t optimizer_elems = -1;           // -1: flat_elems
+  int64_t optimizer_bytes_per_elem = 12;  // fp32 master, m and v (8 with bf16 moments)
   // Gradient storage: kF32, or (CUDA at bf16 precision) kBF16, written by backward's kernels
   // directly, for ranks that exchange their gradients whole in bf16 (--grad-transport ce
   // --grad-reduce bf16). Micro-steps then accumulate in bf16, except the embedding's rows, which

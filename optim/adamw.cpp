@@ -77,6 +77,26 @@ auto with_gradient(const GradTerms& terms, Fn fn) {
   });
 }
 
+// The CPU update loop: step(i) updates element i and returns its new master value, which is
+// stored into params_out (fp32, or rounded to bf16 / fp16 as the CUDA kernels round it).
+template <typename Step>
+void store_params(BufferView params_out, int64_t n, Step step) {
+  auto loop = [&](auto store) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) store(i, step(i));
+  };
+  if (params_out.dtype == DType::kF32) {
+    float* out = params_out.as<float>();
+    loop([out](int64_t i, float x) { out[i] = x; });
+  } else {
+    uint16_t* out = params_out.as<uint16_t>();
+    if (params_out.dtype == DType::kBF16)
+      loop([out](int64_t i, float x) { out[i] = f32_to_bf16_bits(x); });
+    else
+      loop([out](int64_t i, float x) { out[i] = f32_to_f16_bits(x); });
+  }
+}
+
 }  // namespace
 
 void validate(const AdamWConfig& cfg) {
@@ -98,8 +118,10 @@ AdamW::AdamW(DeviceKind device, int64_t count, AdamWConfig cfg)
   validate(cfg_);
   TRAINER_CHECK(count >= 0, "AdamW over {} elements", count);
   master_ = DeviceBuffer(device, DType::kF32, count);
-  exp_avg_ = DeviceBuffer(device, DType::kF32, count);
-  exp_avg_sq_ = DeviceBuffer(device, DType::kF32, count);
+  TRAINER_CHECK(cfg.moments == DType::kF32 || cfg.moments == DType::kBF16,
+                "AdamW moments in {} (f32 or bf16)", dtype_name(cfg.moments));
+  exp_avg_ = DeviceBuffer(device, cfg.moments, count);
+  exp_avg_sq_ = DeviceBuffer(device, cfg.moments, count);
 }
 
 void AdamW::step(BufferView grads, BufferView params_out, double lr, int64_t t, float grad_scale,
@@ -142,18 +164,19 @@ void AdamW::update(Range part, const GradTerms& grads, BufferView params_out,
                 "AdamW writes f32, bf16 or f16 parameters, not {}", dtype_name(params_out.dtype));
   if (part.empty()) return;
   float* p = master_.as<float>() + part.begin;
-  float* m = exp_avg_.as<float>() + part.begin;
-  float* v = exp_avg_sq_.as<float>() + part.begin;
+  const BufferView mv = exp_avg_.view().slice(part.begin, part.size());
+  const BufferView vv = exp_avg_sq_.view().slice(part.begin, part.size());
   const int64_t n = part.size();
   const DType out_type = params_out.dtype;
 
   if (device_ == DeviceKind::kCuda) {
 #ifdef TRAINER_WITH_CUDA
+    const cuda::Moments moments{mv.data, vv.data, cfg_.moments};
     if (grads[0].dtype == DType::kF32)
-      cuda::adamw_step(p, m, v, grads[0].as<const float>(), params_out.data, out_type, n, a, stream,
-                       device_args);
+      cuda::adamw_step(p, moments, grads[0].as<const float>(), params_out.data, out_type, n, a,
+                       stream, device_args);
     else
-      cuda::adamw_step(p, m, v, bf16_terms(grads), params_out.data, out_type, n, a, stream,
+      cuda::adamw_step(p, moments, bf16_terms(grads), params_out.data, out_type, n, a, stream,
                        device_args);
     return;
 #else
@@ -162,25 +185,25 @@ void AdamW::update(Range part, const GradTerms& grads, BufferView params_out,
     no_cuda("AdamW::step");
 #endif
   }
+  if (cfg_.moments == DType::kBF16)
+    return with_gradient(grads, [&](auto g) {
+      uint16_t* m = mv.as<uint16_t>();
+      uint16_t* v = vv.as<uint16_t>();
+      store_params(params_out, n, [&](int64_t i) {
+        float mi = bf16_bits_to_f32(m[i]), vi = bf16_bits_to_f32(v[i]);
+        adamw_update(p[i], mi, vi, g(i), a);
+        m[i] = f32_to_bf16_bits(mi);
+        v[i] = f32_to_bf16_bits(vi);
+        return p[i];
+      });
+    });
   with_gradient(grads, [&](auto g) {
-    // The update loop, storing each new master value through `store(i, p)`.
-    auto update = [&](auto store) {
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        adamw_update(p[i], m[i], v[i], g(i), a);
-        store(i, p[i]);
-      }
-    };
-    if (out_type == DType::kF32) {
-      float* out = params_out.as<float>();
-      update([out](int64_t i, float x) { out[i] = x; });
-    } else {
-      uint16_t* out = params_out.as<uint16_t>();
-      if (out_type == DType::kBF16)
-        update([out](int64_t i, float x) { out[i] = f32_to_bf16_bits(x); });
-      else
-        update([out](int64_t i, float x) { out[i] = f32_to_f16_bits(x); });
-    }
+    float* m = mv.as<float>();
+    float* v = vv.as<float>();
+    store_params(params_out, n, [&](int64_t i) {
+      adamw_update(p[i], m[i], v[i], g(i), a);
+      return p[i];
+    });
   });
 }
 

@@ -21,8 +21,11 @@ struct AdamWStepArgs;  // optim/cuda/adamw.cuh
 using GradTerms = std::vector<BufferView>;
 
 // Hyper-parameters; the defaults are SPEC.md's. Weight decay applies to every parameter.
+// `moments`: how m and v are stored, kF32 (SPEC.md) or, opt-in (--adam-state bf16), kBF16: each
+// step still computes in fp32 and rounds m and v to bf16 (nearest even) when it stores them.
 struct AdamWConfig {
   double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  DType moments = DType::kF32;
 };
 
 // Throws UsageError naming the flag (--lr, --beta1, --beta2, --eps, --wd) of a value out of
@@ -37,7 +40,8 @@ void validate(const AdamWConfig& cfg);
 //   v = beta2*v + (1-beta2)*g^2
 //   p = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 // The bias corrections are computed in double on the host and passed to the loop as floats; the
-// per-element math is fp32, like PyTorch's fp32 path.
+// per-element math is fp32, like PyTorch's fp32 path. With bf16 moments (AdamWConfig::moments)
+// m and v are read as fp32, updated, and stored rounded.
 class AdamW {
  public:
   // Allocates 3 * count fp32 zeros on `device` (the current CUDA device for kCuda). The caller
@@ -46,12 +50,13 @@ class AdamW {
 
   // fp32 master weights (the parameters the updates accumulate into), count elements.
   BufferView master() const { return master_.view(); }
-  // First moment m, count fp32 elements (torch's "exp_avg").
+  // First moment m, count elements of config().moments (torch's "exp_avg").
   BufferView exp_avg() const { return exp_avg_.view(); }
-  // Second moment v, count fp32 elements (torch's "exp_avg_sq").
+  // Second moment v, likewise (torch's "exp_avg_sq").
   BufferView exp_avg_sq() const { return exp_avg_sq_.view(); }
-  // Bytes of optimizer state: 12 * count (master, m, v in fp32).
-  int64_t state_bytes() const { return 12 * count_; }
+  // Bytes of optimizer state per element: 4 (fp32 master) + 2 moments.
+  static int64_t state_bytes_per_elem(DType moments) { return 4 + 2 * dtype_size(moments); }
+  int64_t state_bytes() const { return state_bytes_per_elem(cfg_.moments) * count_; }
   int64_t count() const { return count_; }
   DeviceKind device() const { return device_; }
   const AdamWConfig& config() const { return cfg_; }

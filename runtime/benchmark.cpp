@@ -16,7 +16,7 @@ const char* const kCsvHeader =
     "comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,step_median_ms,tokens_per_s,mfu,"
     "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,hosts,recompute,"
     "forward_floor_ms,backward_floor_ms,optimizer_floor_ms,gemm_forward_ms,gemm_backward_ms,"
-    "copy_gb_s,cuda_graph";
+    "copy_gb_s,cuda_graph,adam_state";
 
 void Run::benchmark(TrainResult& result) {
   const bool backward = o_.bench_mode != "forward";
@@ -48,10 +48,10 @@ void Run::benchmark(TrainResult& result) {
   // Rank 0 measures its GPU's floors while the others wait in the gather below.
   PhaseFloors floors;
   if (rank_ == 0 && device_ == DeviceKind::kCuda)
-    floors = measure_floors(*replica_, o_.config,
-                            MicroBatch{inputs_.data(), targets_.data(), o_.batch, o_.config.ctx},
-                            owned_.size(), backward,
-                            /*norm_beside_backward=*/has_norm_overlap() && step);
+    floors = measure_floors(
+        *replica_, o_.config, MicroBatch{inputs_.data(), targets_.data(), o_.batch, o_.config.ctx},
+        owned_.size(), static_cast<int>(dtype_size(o_.adamw().moments)), backward,
+        /*norm_beside_backward=*/has_norm_overlap() && step);
   // Per-rank times to rank 0.
   std::vector<std::vector<PhaseTimes>> all(n);
   for (int64_t s = 0; s < n; ++s) all[s] = gather_times(mine[s]);
@@ -133,7 +133,7 @@ void Run::benchmark(TrainResult& result) {
     const std::string row = fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
         "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{},"
-        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{}\n",
+        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{},{}\n",
         std::time(nullptr), o_.model, c.d_model, c.d_ff, c.n_layers, c.n_heads, c.vocab, c.ctx,
         o_.batch, o_.grad_accum, nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu",
         precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
@@ -141,7 +141,7 @@ void Run::benchmark(TrainResult& result) {
         st.mean, st.std, med, tok_s, mfu, max_mem / 1073741824.0, o_.grad_reduce, o_.grad_transport,
         o_.comm_sms, tc.mean, nccl_env_field(), host_count(places_), o_.recompute,
         floors.forward_ms(), floors.backward_ms(), floors.optimizer_ms, floors.gemm_forward_ms,
-        floors.gemm_backward_ms, floors.copy_gb_s, o_.cuda_graph ? 1 : 0);
+        floors.gemm_backward_ms, floors.copy_gb_s, o_.cuda_graph ? 1 : 0, o_.adam_state);
     append_csv_row(o_.csv, kCsvHeader, row);
   }
 }

@@ -25,7 +25,8 @@ double attention_flops(int64_t B, int64_t T, int64_t H, int64_t dh, bool backwar
 
 #ifndef TRAINER_WITH_CUDA
 
-PhaseFloors measure_floors(Replica&, const ModelConfig&, const MicroBatch&, int64_t, bool, bool) {
+PhaseFloors measure_floors(Replica&, const ModelConfig&, const MicroBatch&, int64_t, int, bool,
+                           bool) {
   PhaseFloors f;
   f.note = "floors are measured on GPUs only";
   return f;
@@ -77,7 +78,8 @@ double replay_ms(const std::vector<cuda::Gemm>& gemms, cuda::Matmul& mm, cudaStr
 }  // namespace
 
 PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& mb,
-                           int64_t optimizer_elems, bool backward, bool norm_beside_backward) {
+                           int64_t optimizer_elems, int moment_bytes, bool backward,
+                           bool norm_beside_backward) {
   PhaseFloors f;
   if (r.device() != DeviceKind::kCuda) {
     f.note = "floors are measured on GPUs only";
@@ -184,8 +186,10 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
                              (norm_beside_backward ? norm_bytes : 0.0);
     f.elementwise_forward_ms = fwd_bytes / (f.copy_gb_s * 1e6);
     if (backward) f.elementwise_backward_ms = bwd_bytes / (f.copy_gb_s * 1e6);
+    // Read the gradient (4), read and write the master (8) and both moments, write the weights.
+    const double per_elem = 12.0 + 4.0 * moment_bytes + e;
     f.optimizer_bytes =
-        static_cast<double>(optimizer_elems) * (28.0 + e) + (norm_beside_backward ? 0 : norm_bytes);
+        static_cast<double>(optimizer_elems) * per_elem + (norm_beside_backward ? 0 : norm_bytes);
     f.optimizer_ms = f.optimizer_bytes / (f.copy_gb_s * 1e6);
   }
   for (size_t i = 0; i < missing.size(); ++i) f.note += (i ? "; " : "") + missing[i];

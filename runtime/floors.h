@@ -46,14 +46,15 @@ struct PhaseFloors {
 double attention_flops(int64_t B, int64_t T, int64_t H, int64_t dh, bool backward);
 
 // Measures the floors for one micro-batch `mb` of `r` (a CUDA replica; CPU: returns
-// measured = false) whose optimizer updates `optimizer_elems` elements, after the timed steps:
+// measured = false) whose optimizer updates `optimizer_elems` elements (moments of
+// `moment_bytes` each: 4, or 2 with --adam-state bf16), after the timed steps:
 // runs one more forward and backward (the replica's buffers are overwritten), then the timings.
 // The GPU must have room for two 256 MiB copy buffers and the attention test's tensors; what does
 // not fit is left out and named in `note`.
 // norm_beside_backward: the gradient norm's pass runs during backward (one GPU), not in the
 // optimizer phase.
 PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& mb,
-                           int64_t optimizer_elems, bool backward,
+                           int64_t optimizer_elems, int moment_bytes, bool backward,
                            bool norm_beside_backward = false);
 
 }  // namespace trainer

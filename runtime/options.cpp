@@ -73,6 +73,10 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--beta1", o.beta1, "AdamW beta1");
   app.add_option("--beta2", o.beta2, "AdamW beta2");
   app.add_option("--eps", o.eps, "AdamW epsilon");
+  app.add_option("--adam-state", o.adam_state,
+                 "fp32 | bf16: how AdamW stores its moments m and v (bf16: computed in fp32, "
+                 "stored rounded; 8 bytes less per parameter to keep and to move each step; not "
+                 "PyTorch's numbers)");
   app.add_option("--clip", o.clip, "global gradient-norm clip (0 = off)");
   app.add_option("--loss-scale", o.loss_scale,
                  "auto | none | dynamic | a fixed scale: backward on loss x scale, steps with "
@@ -193,6 +197,8 @@ void validate_options(const Options& o) {
     usage_error("a micro-batch of --batch {} x --ctx {} = {} tokens is too large (limit {})",
                 o.batch, o.config.ctx, o.batch * o.config.ctx, kMaxTokens - 1);
   if (o.warmup < 0) usage_error("--warmup must not be negative (got {})", o.warmup);
+  if (o.adam_state != "fp32" && o.adam_state != "bf16")
+    usage_error("--adam-state '{}' is not fp32 or bf16", o.adam_state);
   validate(o.adamw());  // --lr, --beta1, --beta2, --eps, --wd
   if (!std::isfinite(o.min_lr) || o.min_lr < 0 || o.min_lr > o.lr)
     usage_error("--min-lr must be a finite number in [0, --lr = {}] (got {})", o.lr, o.min_lr);
@@ -259,6 +265,7 @@ std::string settings_fingerprint(const Options& o) {
   s << "batch=" << o.batch << "\ngrad-accum=" << o.grad_accum << "\nsteps=" << o.steps << "\n";
   s << fmt::format("lr={}\nmin-lr={}\nwarmup={}\nwd={}\nbeta1={}\nbeta2={}\neps={}\nclip={}\n",
                    o.lr, o.min_lr, o.warmup, o.wd, o.beta1, o.beta2, o.eps, o.clip);
+  s << "adam-state=" << o.adam_state << "\n";
   s << "loss-scale=" << o.loss_scale << "\nloss-scale-window=" << o.loss_scale_window << "\n";
   s << "seed=" << o.seed << "\ninit-from=" << o.init_from << "\nresume=" << o.resume << "\n";
   s << "save-every=" << o.save_every << "\nout=" << o.out << "\noverwrite=" << o.overwrite

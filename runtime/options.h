@@ -25,6 +25,7 @@ struct Options {
   int64_t batch = 8, grad_accum = 1, steps = 1000;
   // Optimizer
   double lr = 3e-4, min_lr = -1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, wd = 0.1, clip = 1.0;
+  std::string adam_state = "fp32";  // fp32 | bf16: how AdamW stores m and v (opt-in bf16)
   int64_t warmup = 0;
   // auto | none | dynamic | a fixed scale (optim/loss_scaler.h); auto: dynamic with fp16, else none
   std::string loss_scale = "auto";
@@ -78,7 +79,9 @@ struct Options {
   // The resolved values (after device detection).
   DeviceKind device_kind() const;
   Precision precision_kind() const;
-  AdamWConfig adamw() const { return {lr, beta1, beta2, eps, wd}; }
+  AdamWConfig adamw() const {
+    return {lr, beta1, beta2, eps, wd, adam_state == "bf16" ? DType::kBF16 : DType::kF32};
+  }
   // --precision auto never means fp16, so "auto" resolves without looking for a device.
   LossScaleConfig loss_scaling() const {
     return parse_loss_scale(loss_scale, loss_scale_window, precision == "fp16");

@@ -155,14 +155,14 @@ TensorSource Run::state_source(BufferView owned) {
   return [this, owned](const ParamTensor& t, float* out) {
     // This rank's part of the tensor (all of it unless sharded), from device or host memory.
     const Range mine = t.range().intersect(owned_);
+    // bf16 moments (--adam-state bf16) are written as fp32, exactly.
     if (!shards_ || nranks_ == 1) {
-      if (out)
-        copy(BufferView{out, t.numel, DType::kF32, DeviceKind::kCpu},
-             owned.slice(mine.begin - owned_.begin, mine.size()));
+      if (out) copy_to_f32(out, owned.slice(mine.begin - owned_.begin, mine.size()));
       return;
     }
     std::vector<float> piece(mine.size());
-    if (!mine.empty()) copy(host_view(piece), owned.slice(mine.begin - owned_.begin, mine.size()));
+    if (!mine.empty())
+      copy_to_f32(piece.data(), owned.slice(mine.begin - owned_.begin, mine.size()));
     // Shards are consecutive in rank order, so the parts arrive in the tensor's order.
     world_.gather_to_root(piece.data(), mine.size(), out);
   };

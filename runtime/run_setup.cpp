@@ -220,10 +220,12 @@ int Run::check_inputs() {
     }
     if (device_ == DeviceKind::kCpu) {
       // The CPU replica's flat buffers (weights and gradients, fp32) and the optimizer state
-      // (12 B/param, or its shard) alone, before activations: refuse what cannot fit.
+      // (12 B/param, 8 with bf16 moments, or its shard) alone, before activations: refuse what
+      // cannot fit.
       const int local = std::max(1, node.size);
+      const double state = static_cast<double>(AdamW::state_bytes_per_elem(o_.adamw().moments));
       const double need = static_cast<double>(layout_.param_count()) *
-                          (8.0 + 12.0 / (o_.shard_optim ? nranks_ : 1)) * local;
+                          (8.0 + state / (o_.shard_optim ? nranks_ : 1)) * local;
       const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
       if (have > 0 && need > have)
         usage_error(
@@ -331,6 +333,7 @@ void Run::build(int gpu) {
   ro.recompute = parse_recompute(o_.recompute);
   if (o_.cuda_graph) ro.graph_slots = static_cast<int>(o_.grad_accum);
   ro.optimizer_elems = owned_.size();
+  ro.optimizer_bytes_per_elem = AdamW::state_bytes_per_elem(o_.adamw().moments);
   grad_copies_ = device_ == DeviceKind::kCuda && nranks_ > 1 && o_.grad_transport == "ce" &&
                  o_.grad_reduce == "bf16";
   if (grad_copies_) {
@@ -475,7 +478,9 @@ void Run::log_run() {
     std::string per_rank;
     for (size_t r = 0; r < opt_bytes.size(); ++r)
       per_rank += fmt::format("{}rank {}: {}", r ? ", " : "", r, mib(opt_bytes[r]));
-    spdlog::info("optimizer state (fp32 master + m + v = 12 B/param{}): {}",
+    spdlog::info("optimizer state (fp32 master + {}m + v = {} B/param{}): {}",
+                 o_.adamw().moments == DType::kBF16 ? "bf16 " : "",
+                 AdamW::state_bytes_per_elem(o_.adamw().moments),
                  shards_ ? fmt::format(" / {} ranks, ZeRO-1", nranks_) : std::string(", unsharded"),
                  per_rank);
     spdlog::info("gradient sync: --ddp {}{} | {}", sync_strategy_name(strategy),
@@ -511,8 +516,9 @@ void Run::init_state() {
       if (meta->step >= o_.steps)
         usage_error("checkpoint {} is at step {} but --steps is {}: nothing left to train", resume_,
                     meta->step, o_.steps);
-      copy(opt_->exp_avg(), host_view(m));
-      copy(opt_->exp_avg_sq(), host_view(v));
+      // Into bf16 moments (--adam-state bf16) rounded: exact for a checkpoint of such a run.
+      copy_from_f32(opt_->exp_avg(), m.data());
+      copy_from_f32(opt_->exp_avg_sq(), v.data());
       start_step_ = meta->step;
       adam_steps_ = meta->step;  // files from before loss scaling: every step was applied
       const json& run = meta->run;

@@ -75,6 +75,7 @@ expect 2 "cannot be combined with --shard-optim" "$trainer" "${small[@]}" "${dat
 expect 2 "--comm-sms 8 needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --comm-sms 8
 expect 2 "--comm-sms must lie in \\[0, 64\\]" "$trainer" "${small[@]}" "${data[@]}" --comm-sms -1
 expect 2 "--cuda-graph needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --cuda-graph
+expect 2 "--adam-state 'fp16' is not fp32 or bf16" "$trainer" "${small[@]}" "${data[@]}" --adam-state fp16
 expect 2 "--cuda-graph needs --device cuda \\(--device auto, which found no GPU\\)" \
   env CUDA_VISIBLE_DEVICES= "$trainer" "${small[@]:2}" "${data[@]}" --cuda-graph
 expect 2 "--mode 'bogus'" "$trainer" "${small[@]}" --benchmark --mode bogus

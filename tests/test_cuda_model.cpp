@@ -315,7 +315,8 @@ TEST_CASE("benchmark floors record the step's products and measure their parts",
     INFO("precision " << precision_name(p));
     std::unique_ptr<Replica> r = make_cuda_replica(c, options(c, 2, p, "flash"));
     r->set_params(params.data());
-    const PhaseFloors f = measure_floors(*r, c, b.mb(), flat, /*backward=*/true);
+    const PhaseFloors f =
+        measure_floors(*r, c, b.mb(), flat, /*moment_bytes=*/4, /*backward=*/true);
     INFO(f.note);
     REQUIRE(f.measured);
     CHECK(f.gemm_forward_calls == 4 * L + 1 + (flash ? 0 : 2 * L));
@@ -330,11 +331,14 @@ TEST_CASE("benchmark floors record the step's products and measure their parts",
     CHECK(f.optimizer_bytes == static_cast<double>(flat) * (flash ? 34 : 36));
     CHECK(f.optimizer_ms > 0);
     // With the norm's pass beside backward, its 4 bytes per element move to backward's floor.
-    const PhaseFloors beside = measure_floors(*r, c, b.mb(), flat, true, true);
+    const PhaseFloors beside = measure_floors(*r, c, b.mb(), flat, 4, true, true);
     CHECK(beside.optimizer_bytes == static_cast<double>(flat) * (flash ? 30 : 32));
+    // bf16 moments (--adam-state bf16): 2 bytes read and 2 written less for each of m and v.
+    const PhaseFloors bf16_moments = measure_floors(*r, c, b.mb(), flat, 2, true, true);
+    CHECK(bf16_moments.optimizer_bytes == static_cast<double>(flat) * (flash ? 22 : 24));
     CHECK(beside.elementwise_backward_ms > f.elementwise_backward_ms);
     // A forward-only benchmark records no backward.
-    const PhaseFloors fwd_only = measure_floors(*r, c, b.mb(), flat, /*backward=*/false);
+    const PhaseFloors fwd_only = measure_floors(*r, c, b.mb(), flat, 4, /*backward=*/false);
     CHECK(fwd_only.gemm_backward_calls == 0);
     CHECK(fwd_only.gemm_forward_calls == f.gemm_forward_calls);
   }

@@ -83,6 +83,44 @@ TEST_CASE("AdamW matches torch.optim.AdamW computed by hand for 3 steps") {
   }
 }
 
+// --adam-state bf16: the same fp32 arithmetic per step, with m and v rounded to bf16 (nearest
+// even) as they are stored, so the next step starts from the rounded moments.
+TEST_CASE("AdamW with bf16 moments: fp32 math, m and v stored rounded") {
+  const int64_t n = 1003;
+  AdamWConfig cfg;
+  cfg.moments = DType::kBF16;
+  AdamW opt(DeviceKind::kCpu, n, cfg), wide(DeviceKind::kCpu, n, AdamWConfig{});
+  REQUIRE(opt.state_bytes() == 8 * n);
+  REQUIRE(opt.exp_avg().dtype == DType::kBF16);
+  std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), out(n), out_wide(n);
+  for (int64_t i = 0; i < n; ++i) p[i] = std::sin(0.37f * static_cast<float>(i));
+  std::memcpy(opt.master().data, p.data(), n * sizeof(float));
+  std::memcpy(wide.master().data, p.data(), n * sizeof(float));
+  for (int t = 1; t <= 4; ++t) {
+    std::vector<float> g(n);
+    for (int64_t i = 0; i < n; ++i) g[i] = 0.01f * std::cos(0.11f * static_cast<float>(i * t));
+    const double lr = 1e-2 / t;
+    opt.step(cpu_view(g), cpu_view(out), lr, t, 0.5f);
+    wide.step(cpu_view(g), cpu_view(out_wide), lr, t, 0.5f);
+    const AdamWStepArgs a = opt.step_args(lr, t, 0.5f);
+    for (int64_t i = 0; i < n; ++i) {
+      adamw_update(p[i], m[i], v[i], g[i], a);
+      m[i] = bf16_bits_to_f32(f32_to_bf16_bits(m[i]));
+      v[i] = bf16_bits_to_f32(f32_to_bf16_bits(v[i]));
+    }
+  }
+  CHECK(to_vector(opt.master()) == p);
+  CHECK(out == p);
+  std::vector<float> got_m(n), got_v(n);
+  copy_to_f32(got_m.data(), opt.exp_avg());
+  copy_to_f32(got_v.data(), opt.exp_avg_sq());
+  CHECK(got_m == m);
+  CHECK(got_v == v);
+  // Not the fp32 moments' result (the rounding does change the update), but close to it.
+  CHECK(out != out_wide);
+  for (int64_t i = 0; i < n; ++i) CHECK_THAT(out[i], WithinAbs(out_wide[i], 1e-3));
+}
+
 TEST_CASE("AdamW grad_scale multiplies the gradients before the update") {
   const std::vector<float> p0 = {0.5f, -1.5f, 0.75f, 3.0f};
   std::vector<float> g = {0.3f, -0.7f, 1e-3f, 2.5f};

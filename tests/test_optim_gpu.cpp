@@ -78,8 +78,9 @@ int64_t count_16bit_mismatch(const std::vector<uint16_t>& a, const std::vector<u
 // Runs 3 AdamW steps (varying lr, a clip scale) on the GPU and on the CPU from the same random
 // start, writing params of `out_dtype`. `offset` shifts the gradient and output views by that many
 // elements inside larger buffers, so offset 1 takes the scalar (unaligned) kernel path.
-void compare_adamw(DType out_dtype, int64_t offset) {
-  const AdamWConfig cfg;  // SPEC defaults
+void compare_adamw(DType out_dtype, int64_t offset, DType moments = DType::kF32) {
+  AdamWConfig cfg;  // SPEC defaults
+  cfg.moments = moments;
   const std::vector<float> p0 = random_floats(kN, 0.02f, 1);
   AdamW cpu(DeviceKind::kCpu, kN, cfg), gpu(DeviceKind::kCuda, kN, cfg);
   copy(cpu.master(), BufferView{const_cast<float*>(p0.data()), kN, DType::kF32, DeviceKind::kCpu});
@@ -100,10 +101,17 @@ void compare_adamw(DType out_dtype, int64_t offset) {
   }
   const std::vector<float> cm = download<float>(cpu.master()), gm = download<float>(gpu.master());
   CHECK(count_rel_mismatch(gm, cm, 1e-6) == 0);
-  CHECK(count_rel_mismatch(download<float>(gpu.exp_avg()), download<float>(cpu.exp_avg()), 1e-6) ==
-        0);
-  CHECK(count_rel_mismatch(download<float>(gpu.exp_avg_sq()), download<float>(cpu.exp_avg_sq()),
-                           1e-6) == 0);
+  if (moments == DType::kBF16) {  // rounded from the same fp32 values: equal or 1 ulp apart
+    CHECK(count_16bit_mismatch(download<uint16_t>(gpu.exp_avg()),
+                               download<uint16_t>(cpu.exp_avg())) == 0);
+    CHECK(count_16bit_mismatch(download<uint16_t>(gpu.exp_avg_sq()),
+                               download<uint16_t>(cpu.exp_avg_sq())) == 0);
+  } else {
+    CHECK(count_rel_mismatch(download<float>(gpu.exp_avg()), download<float>(cpu.exp_avg()),
+                             1e-6) == 0);
+    CHECK(count_rel_mismatch(download<float>(gpu.exp_avg_sq()), download<float>(cpu.exp_avg_sq()),
+                             1e-6) == 0);
+  }
   // The run really moved the parameters (the comparison is not of two untouched copies).
   int64_t moved = 0;
   for (int64_t i = 0; i < kN; ++i) moved += cm[i] != p0[i];
@@ -193,6 +201,12 @@ TEST_CASE("GPU AdamW matches the CPU reference, bf16 params, aligned and unalign
 TEST_CASE("GPU AdamW matches the CPU reference, fp16 params, aligned and unaligned") {
   compare_adamw(DType::kF16, 0);
   compare_adamw(DType::kF16, 1);
+}
+
+TEST_CASE("GPU AdamW with bf16 moments matches the CPU reference, aligned and unaligned") {
+  compare_adamw(DType::kBF16, 0, DType::kBF16);
+  compare_adamw(DType::kBF16, 1, DType::kBF16);
+  compare_adamw(DType::kF32, 0, DType::kBF16);
 }
 
 TEST_CASE("GPU sum_squares matches the CPU and is deterministic") {

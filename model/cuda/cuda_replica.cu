@@ -378,9 +378,10 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   const int64_t grad_bytes = flat_ * static_cast<int64_t>(dtype_size(grad_dtype_)) +
                              (emb_scratch ? emb_elems * 4 : 0) + o.grad_copies * flat_ * 2;
   // The optimizer state is allocated by the optimizer (fp32 master, m, v: 12 bytes per element of
-  // this rank's shard); it is counted here so that a model that cannot train is refused before any
-  // work.
-  const int64_t optim_bytes = (o.optimizer_elems >= 0 ? o.optimizer_elems : flat_) * 12;
+  // this rank's shard, 8 with bf16 moments); it is counted here so that a model that cannot train
+  // is refused before any work.
+  const int64_t optim_bytes =
+      (o.optimizer_elems >= 0 ? o.optimizer_elems : flat_) * o.optimizer_bytes_per_elem;
   const int64_t work_bytes = static_cast<int64_t>(Matmul::kWorkspaceBytes) + kStagingFloats * 4;
   const int64_t need = param_bytes + grad_bytes + arena_bytes_ + optim_bytes + work_bytes;
   size_t free_bytes = 0, total_bytes = 0;

@@ -64,6 +64,18 @@ __device__ inline void store4(H* out, int64_t i4, float4 p) {
   reinterpret_cast<uint2*>(out)[i4] = packed;
 }
 
+// ---- moments: fp32, or bf16 read as fp32 and stored rounded ----
+__device__ inline float4 load4(const float* p, int64_t i4) {
+  return reinterpret_cast<const float4*>(p)[i4];
+}
+__device__ inline float4 load4(const __nv_bfloat16* p, int64_t i4) {
+  const uint2 raw = reinterpret_cast<const uint2*>(p)[i4];
+  return make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
+                     __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
+}
+__device__ inline float load1(const float* p, int64_t i) { return p[i]; }
+__device__ inline float load1(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+
 // ---- gradient sources: one fp32 buffer, or the sum of bf16 copies (one per rank) ----
 
 // One fp32 gradient.
@@ -127,8 +139,8 @@ struct StepArgsRef {
   __device__ AdamWStepArgs get() const { return device ? *device : value; }
 };
 
-template <typename OutT, typename Grad>
-__global__ void adamw_vec4_kernel(float* master, float* m, float* v, Grad g, OutT* out, int64_t n,
+template <typename OutT, typename Grad, typename S>
+__global__ void adamw_vec4_kernel(float* master, S* m, S* v, Grad g, OutT* out, int64_t n,
                                   StepArgsRef ref) {
   const AdamWStepArgs a = ref.get();
   const int64_t n4 = n / 4;
@@ -136,47 +148,50 @@ __global__ void adamw_vec4_kernel(float* master, float* m, float* v, Grad g, Out
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = tid; i < n4; i += stride) {
     float4 p4 = reinterpret_cast<const float4*>(master)[i];
-    float4 m4 = reinterpret_cast<const float4*>(m)[i];
-    float4 v4 = reinterpret_cast<const float4*>(v)[i];
+    float4 m4 = load4(m, i);
+    float4 v4 = load4(v, i);
     const float4 g4 = g.load4(i);
     adamw_update(p4.x, m4.x, v4.x, g4.x, a);
     adamw_update(p4.y, m4.y, v4.y, g4.y, a);
     adamw_update(p4.z, m4.z, v4.z, g4.z, a);
     adamw_update(p4.w, m4.w, v4.w, g4.w, a);
     reinterpret_cast<float4*>(master)[i] = p4;
-    reinterpret_cast<float4*>(m)[i] = m4;
-    reinterpret_cast<float4*>(v)[i] = v4;
+    store4(m, i, m4);
+    store4(v, i, v4);
     store4(out, i, p4);
   }
   const int64_t j = 4 * n4 + tid;
   if (j < n) {
-    adamw_update(master[j], m[j], v[j], g.load1(j), a);
+    float mj = load1(m, j), vj = load1(v, j);
+    adamw_update(master[j], mj, vj, g.load1(j), a);
+    store1(m, j, mj);
+    store1(v, j, vj);
     store1(out, j, master[j]);
   }
 }
 
 // One element per iteration, for views whose offsets do not allow float4.
-template <typename OutT, typename Grad>
-__global__ void adamw_scalar_kernel(float* master, float* m, float* v, Grad g, OutT* out, int64_t n,
+template <typename OutT, typename Grad, typename S>
+__global__ void adamw_scalar_kernel(float* master, S* m, S* v, Grad g, OutT* out, int64_t n,
                                     StepArgsRef ref) {
   const AdamWStepArgs a = ref.get();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    float p = master[i], mi = m[i], vi = v[i];
+    float p = master[i], mi = load1(m, i), vi = load1(v, i);
     adamw_update(p, mi, vi, g.load1(i), a);
     master[i] = p;
-    m[i] = mi;
-    v[i] = vi;
+    store1(m, i, mi);
+    store1(v, i, vi);
     store1(out, i, p);
   }
 }
 
-template <typename OutT, typename Grad>
-void launch_adamw(float* master, float* m, float* v, const Grad& g, OutT* out, int64_t n,
+template <typename OutT, typename Grad, typename S>
+void launch_adamw(float* master, S* m, S* v, const Grad& g, OutT* out, int64_t n,
                   const StepArgsRef& a, cudaStream_t stream) {
-  const bool vec = aligned(master, 16) && aligned(m, 16) && aligned(v, 16) && g.vec_ok() &&
-                   aligned(out, 4 * sizeof(OutT));
+  const bool vec = aligned(master, 16) && aligned(m, 4 * sizeof(S)) && aligned(v, 4 * sizeof(S)) &&
+                   g.vec_ok() && aligned(out, 4 * sizeof(OutT));
   if (vec) {
     adamw_vec4_kernel<OutT><<<grid_for(n / 4), kThreads, 0, stream>>>(master, m, v, g, out, n, a);
     CUDA_CHECK_LAUNCH("adamw_vec4_kernel");
@@ -186,11 +201,9 @@ void launch_adamw(float* master, float* m, float* v, const Grad& g, OutT* out, i
   }
 }
 
-template <typename Grad>
-void adamw_any_out(float* master, float* m, float* v, const Grad& g, void* out, DType out_type,
-                   int64_t n, const StepArgsRef& args, void* stream) {
-  if (n == 0) return;
-  const cudaStream_t s = as_stream(stream);
+template <typename Grad, typename S>
+void adamw_any_out(float* master, S* m, S* v, const Grad& g, void* out, DType out_type, int64_t n,
+                   const StepArgsRef& args, cudaStream_t s) {
   switch (out_type) {
     case DType::kF32:
       return launch_adamw(master, m, v, g, static_cast<float*>(out), n, args, s);
@@ -202,6 +215,19 @@ void adamw_any_out(float* master, float* m, float* v, const Grad& g, void* out, 
       break;
   }
   runtime_error("AdamW writes f32, bf16 or f16 parameters, not {}", dtype_name(out_type));
+}
+
+template <typename Grad>
+void adamw_any(float* master, const Moments& mv, const Grad& g, void* out, DType out_type,
+               int64_t n, const StepArgsRef& args, void* stream) {
+  if (n == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  if (mv.type == DType::kBF16)
+    return adamw_any_out(master, static_cast<__nv_bfloat16*>(mv.m),
+                         static_cast<__nv_bfloat16*>(mv.v), g, out, out_type, n, args, s);
+  TRAINER_CHECK(mv.type == DType::kF32, "AdamW moments in {}", dtype_name(mv.type));
+  adamw_any_out(master, static_cast<float*>(mv.m), static_cast<float*>(mv.v), g, out, out_type, n,
+                args, s);
 }
 
 // ---- sum of squares: sum_i x[i]^2 ----
@@ -282,18 +308,17 @@ void launch_cast(const float* src, uint16_t* dst, int64_t n, void* stream) {
 
 }  // namespace
 
-void adamw_step(float* master, float* m, float* v, const float* grads, void* out, DType out_type,
+void adamw_step(float* master, const Moments& mv, const float* grads, void* out, DType out_type,
                 int64_t n, const AdamWStepArgs& args, void* stream,
                 const AdamWStepArgs* device_args) {
-  adamw_any_out(master, m, v, F32Grad{grads}, out, out_type, n, StepArgsRef{args, device_args},
-                stream);
+  adamw_any(master, mv, F32Grad{grads}, out, out_type, n, StepArgsRef{args, device_args}, stream);
 }
 
-void adamw_step(float* master, float* m, float* v, const GradTermsArg& grads, void* out,
+void adamw_step(float* master, const Moments& mv, const GradTermsArg& grads, void* out,
                 DType out_type, int64_t n, const AdamWStepArgs& args, void* stream,
                 const AdamWStepArgs* device_args) {
   with_terms(grads, [&](const auto& g) {
-    adamw_any_out(master, m, v, g, out, out_type, n, StepArgsRef{args, device_args}, stream);
+    adamw_any(master, mv, g, out, out_type, n, StepArgsRef{args, device_args}, stream);
   });
 }
 

@@ -66,16 +66,23 @@ namespace cuda {
 // Launchers (defined in adamw.cu). Pointers are device pointers; stream is a cudaStream_t or
 // nullptr; all calls are asynchronous except sum_squares, which synchronises `stream`.
 //
-// master, m, v, grads: n fp32; out: n elements of out_type (kF32, kBF16 or kF16; the 16-bit
+// master, grads: n fp32; out: n elements of out_type (kF32, kBF16 or kF16; the 16-bit
 // types rounded to nearest even). out may alias master (fp32). float4 loads are used when every
 // pointer allows them, scalar loads otherwise. The step's scalars are `args`, or when
 // `device_args` is given the AdamWStepArgs it points to in device memory, read when the kernel
 // runs (a recorded step: DeviceStepArgs).
-void adamw_step(float* master, float* m, float* v, const float* grads, void* out, DType out_type,
+// The moments m and v of the range, n elements each, of `type`: kF32, or kBF16 (read as fp32,
+// stored rounded to nearest even).
+struct Moments {
+  void* m;
+  void* v;
+  DType type;
+};
+void adamw_step(float* master, const Moments& mv, const float* grads, void* out, DType out_type,
                 int64_t n, const AdamWStepArgs& args, void* stream,
                 const AdamWStepArgs* device_args = nullptr);
 // The same with the gradient = the sum of grads' bf16 terms, each n elements.
-void adamw_step(float* master, float* m, float* v, const GradTermsArg& grads, void* out,
+void adamw_step(float* master, const Moments& mv, const GradTermsArg& grads, void* out,
                 DType out_type, int64_t n, const AdamWStepArgs& args, void* stream,
                 const AdamWStepArgs* device_args = nullptr);
 
