@@ -362,7 +362,7 @@ int Bench::run() {
           append_csv_row(
               a_.csv, kHeader,
               fmt::format("{},{},{},{},{},{},{},{},{},{},{:.2f},{:.2f},{:.2f},{:.2f},"
-                          "{:.2f},{:.4f},{:.4f},{}\n",
+                          "{:.2f},{:.6g},{:.6g},{}\n",
                           std::time(nullptr), backend, op, dtype == DType::kF32 ? "fp32" : "bf16",
                           count * esize, count, n, hosts, a_.warmup, a_.iters, s.median, s.mean,
                           s.std, s.min, s.max, algbw, busbw, nccl_env_field()));
