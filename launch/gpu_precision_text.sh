@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# fp16 against bf16 and fp32 on real text, one GPU: the demo's GPU model (d_model 384 x 6 layers,
-# ctx 256, batch 32, 600 steps) on a BPE token directory (launch/prepare_text.py; demo.sh makes
-# one from the fortunes), the same seed and data order for every run:
+# fp16 against bf16 and fp32, and bf16 AdamW moments against fp32 ones, on real text, one GPU: the
+# demo's GPU model (d_model 384 x 6 layers, ctx 256, batch 32, 600 steps) on a BPE token directory
+# (launch/prepare_text.py; demo.sh makes one from the fortunes), the same seed and data order for
+# every run:
 #   bf16 | fp32 | fp16 (dynamic loss scaling, the default) | fp16 --loss-scale none |
-#   fp16 --loss-scale 1e-6 (every gradient flushed to zero: nothing is learned)
+#   fp16 --loss-scale 1e-6 (every gradient flushed to zero: nothing is learned) |
+#   bf16 --adam-state bf16
 # Prints, per run, the validation loss at steps 200, 400 and 600, the training loss over the last
 # 50 steps, the final loss scale and the skipped steps; metrics.jsonl of each run stay in OUT_DIR.
-# Exits 1 unless fp16's final validation loss is within 0.02 of fp32's and of bf16's and the forced
-# underflow ends at least 0.5 above it (the check of issue 19's "within noise" on real text).
+# Exits 1 unless fp16's final validation loss is within 0.02 of fp32's and of bf16's, the forced
+# underflow ends at least 0.5 above it (the check of issue 19's "within noise" on real text), and
+# bf16 moments end within 0.02 of bf16 with fp32 moments.
 #   launch/gpu_precision_text.sh BUILD_DIR DATA_DIR OUT_DIR
 set -uo pipefail
 build=${1:?usage: gpu_precision_text.sh BUILD_DIR DATA_DIR OUT_DIR}
@@ -44,6 +47,7 @@ run fp32 --precision fp32
 run fp16 --precision fp16
 run fp16_unscaled --precision fp16 --loss-scale none
 run fp16_scale_1e-6 --precision fp16 --loss-scale 1e-6
+run bf16_moments_bf16 --precision bf16 --adam-state bf16
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
@@ -53,13 +57,15 @@ def final_val(name):
         return [r["val_loss"] for r in rows if "val_loss" in r][-1]
     except (OSError, IndexError):
         return None
-v = {n: final_val(n) for n in ("fp32", "bf16", "fp16", "fp16_scale_1e-6")}
+v = {n: final_val(n) for n in ("fp32", "bf16", "fp16", "fp16_scale_1e-6", "bf16_moments_bf16")}
 if None in v.values():
     sys.exit(f"check: a run has no validation loss: {v}")
 ok = (abs(v["fp16"] - v["fp32"]) < 0.02 and abs(v["fp16"] - v["bf16"]) < 0.02
-      and v["fp16_scale_1e-6"] > v["fp16"] + 0.5)
+      and v["fp16_scale_1e-6"] > v["fp16"] + 0.5
+      and abs(v["bf16_moments_bf16"] - v["bf16"]) < 0.02)
 print(f"check {'passed' if ok else 'FAILED'}: final validation loss fp16 {v['fp16']:.4f}, fp32 "
       f"{v['fp32']:.4f}, bf16 {v['bf16']:.4f} (within 0.02 wanted), forced underflow "
-      f"{v['fp16_scale_1e-6']:.4f} (0.5 above fp16 wanted)")
+      f"{v['fp16_scale_1e-6']:.4f} (0.5 above fp16 wanted), bf16 with bf16 moments "
+      f"{v['bf16_moments_bf16']:.4f} (within 0.02 of bf16 wanted)")
 sys.exit(0 if ok else 1)
 PY
