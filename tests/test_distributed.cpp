@@ -637,4 +637,29 @@ TEST_CASE("--cuda-graph trains to the very parameters of launching each kernel",
                      world),
         ContainsSubstring("--cuda-graph runs on one rank so far"));
 }
+
+// --benchmark records each mode's work (forward only, forward and backward, the whole training
+// step) and still reports every phase: the step timer's events are event nodes of the recording.
+TEST_CASE("--cuda-graph benchmarks every mode, with its phase times", "[cuda-graph]") {
+  spdlog::set_level(spdlog::level::err);
+  MpiCommunicator self(MPI_COMM_SELF);
+  for (const std::string mode : {"forward", "forward-backward", "train"}) {
+    INFO("--mode " << mode);
+    const TrainResult r = run_training(
+        make_options({"--benchmark", "--mode", mode, "--cuda-graph", "--ddp", "none", "--batch",
+                      "8", "--precision", "bf16", "--warmup", "2", "--steps", "4"}),
+        self);
+    REQUIRE(r.rank_times.size() == 4);
+    for (const std::vector<PhaseTimes>& step : r.rank_times) {
+      const PhaseTimes& t = step.at(0);
+      const double fwd = t[static_cast<int>(Phase::kForward)],
+                   bwd = t[static_cast<int>(Phase::kBackward)],
+                   opt = t[static_cast<int>(Phase::kOptimizer)];
+      CHECK(fwd > 0);
+      CHECK((bwd > 0) == (mode != "forward"));
+      CHECK((opt > 0) == (mode == "train"));
+      CHECK(t[static_cast<int>(Phase::kStep)] >= fwd + bwd + opt);
+    }
+  }
+}
 #endif

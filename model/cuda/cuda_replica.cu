@@ -982,9 +982,9 @@ template <typename T>
 void CudaReplica<T>::replay() {
   use_device();
   TRAINER_CHECK(graph_ && !capturing_, "replay without a recording");
-  // The recorded backward overwrites or adds to the gradients as it did when recorded.
-  TRAINER_CHECK(host_.accumulate_grads == captured_begin_.accumulate_grads &&
-                    host_.backward_ready == captured_begin_.backward_ready,
+  // A recorded backward overwrites or adds to the gradients as it did when recorded (what it
+  // backpropagates is the recording's own forward, whatever the last forward before it was).
+  TRAINER_CHECK(host_.accumulate_grads == captured_begin_.accumulate_grads,
                 "replay: the gradient state differs from the recording's");
   CUDA_CHECK(cudaGraphLaunch(graph_, stream_.s));
   CUDA_CHECK(cudaEventRecord(staged_read_.e, stream_.s));
