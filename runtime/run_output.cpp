@@ -58,10 +58,19 @@ void Run::open_metrics() {
 }
 
 json Run::run_settings() const {
-  json j = {{"global_batch", G_}, {"ctx", o_.config.ctx}, {"sampler", o_.sampler},
-            {"seed", o_.seed},    {"world", nranks_},     {"shard_optim", o_.shard_optim},
-            {"lr", o_.lr},        {"min_lr", o_.min_lr},  {"warmup", o_.warmup},
-            {"steps", o_.steps},  {"data", o_.data},      {"adam_steps", adam_steps_}};
+  json j = {{"global_batch", G_},
+            {"ctx", o_.config.ctx},
+            {"sampler", o_.sampler},
+            {"seed", o_.seed},
+            {"world", nranks_},
+            {"shard_optim", o_.shard_optim},
+            {"lr", o_.lr},
+            {"min_lr", o_.min_lr},
+            {"warmup", o_.warmup},
+            {"steps", o_.steps},
+            {"data", o_.data},
+            {"adam_steps", adam_steps_},
+            {"adam_state", o_.adam_state}};
   if (scaler_.enabled()) {  // a resumed run continues with the same scale and count
     j["loss_scale"] = scaler_.scale();
     j["loss_scale_good_steps"] = scaler_.good_steps();

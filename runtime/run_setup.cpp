@@ -412,7 +412,10 @@ void Run::build(int gpu) {
   // (the communicators' staging buffers); NCCL's own memory as measured around its creation.
   memory_plan_ = replica_->memory_plan();
   memory_plan_.push_back({"fp32 master weights (this rank's range)", 4 * owned_.size()});
-  memory_plan_.push_back({"AdamW moments m and v (fp32, this rank's range)", 8 * owned_.size()});
+  const DType moments = o_.adamw().moments;
+  memory_plan_.push_back({fmt::format("AdamW moments m and v ({}, this rank's range)",
+                                      moments == DType::kBF16 ? "bf16" : "fp32"),
+                          2 * static_cast<int64_t>(dtype_size(moments)) * owned_.size()});
   const int64_t other = device_buffer_bytes(device_) - total_bytes(memory_plan_);
   if (other > 0)
     memory_plan_.push_back({"other buffers (the allocator's count beyond these)", other});
@@ -548,6 +551,16 @@ void Run::init_state() {
             "the checkpoint was written with other data settings: {}; training continues, but "
             "not on the batches the uninterrupted run would have seen",
             differ);
+      // Checkpoints before --adam-state existed kept fp32 moments.
+      const std::string saved_state =
+          run.contains("adam_state") && run["adam_state"].is_string() ? run["adam_state"] : "fp32";
+      if (rank_ == 0 && saved_state != o_.adam_state)
+        spdlog::warn(
+            "the checkpoint's AdamW moments were kept in {}, this run keeps them in {} "
+            "(--adam-state)"
+            "{}",
+            saved_state, o_.adam_state,
+            o_.adam_state == "bf16" ? ": they are rounded to bf16 once, now" : ": exactly");
     } else if (!o_.init_from.empty()) {
       load_model(o_.init_from, layout_, o_.config, params.data());
     } else {

@@ -374,17 +374,19 @@ TEST_CASE("--memory-report: the plan adds up to what the allocator holds", "[mem
   MpiCommunicator world(MPI_COMM_WORLD);
   const int w = world.world();
   const std::string path = scratch() + "/memory_w" + std::to_string(w) + ".json";
-  for (bool shard : {false, true}) {
+  // Unsharded, sharded, and sharded with bf16 moments (--adam-state bf16).
+  for (const auto& [shard, bf16_moments] : {std::pair{false, false}, {true, false}, {true, true}}) {
     std::vector<std::string> args = {"--ddp",           w == 1 ? "none" : "bucketed",
                                      "--batch",         std::to_string(kGlobalBatch / w),
                                      "--steps",         "2",
                                      "--memory-report", path};
     if (shard) args.push_back("--shard-optim");
+    if (bf16_moments) args.insert(args.end(), {"--adam-state", "bf16"});
     const Options o = make_options(args);
     run_training(o, world);
     world.barrier();
     if (world.rank() != 0) continue;
-    INFO("world " << w << (shard ? " --shard-optim" : ""));
+    INFO("world " << w << (shard ? " --shard-optim" : "") << (bf16_moments ? " bf16 moments" : ""));
     std::ifstream f(path);
     const nlohmann::json j = nlohmann::json::parse(f);
     const int64_t flat = ParamLayout(o.config).padded_total(w);
@@ -406,7 +408,10 @@ TEST_CASE("--memory-report: the plan adds up to what the allocator holds", "[mem
     CHECK(j.at("measured").at("in_use_bytes").get<int64_t>() > 0);
     CHECK(j.at("measured").at("after_step").get<int64_t>() == 1);
     CHECK(lines.at("fp32 master weights (this rank's range)") == 4 * owned);
-    CHECK(lines.at("AdamW moments m and v (fp32, this rank's range)") == 8 * owned);
+    if (bf16_moments)
+      CHECK(lines.at("AdamW moments m and v (bf16, this rank's range)") == 4 * owned);
+    else
+      CHECK(lines.at("AdamW moments m and v (fp32, this rank's range)") == 8 * owned);
     CHECK(lines.at("working weights (fp32)") == 4 * flat);
     CHECK(lines.at("gradients (fp32)") == 4 * flat);
 #ifdef TEST_ON_GPU
