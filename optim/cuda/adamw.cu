@@ -1,8 +1,9 @@
 // CUDA kernels of the optimizer: the AdamW update (memory bound: 16 bytes read and 12-14 written
-// per element, so float4 loads and a grid-stride loop), the deterministic sum of squares behind
-// the gradient norm, and the fp32 -> bf16 / fp16 parameter casts. The gradient is one fp32 buffer
-// or the sum of bf16 copies, one per rank (--grad-transport ce --grad-reduce bf16), added as it is
-// read.
+// per element with fp32 moments, 12 and 8-10 with bf16 ones, so vector loads and a grid-stride
+// loop), the deterministic sum of squares behind the gradient norm and, for a recorded step, the
+// clipping factor from its partial sums, and the fp32 -> bf16 / fp16 parameter casts. The
+// gradient is one fp32 buffer or the sum of bf16 copies, one per rank (--grad-transport ce
+// --grad-reduce bf16), added as it is read.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
