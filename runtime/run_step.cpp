@@ -28,7 +28,8 @@ double Run::train_step(int64_t s, PhaseTimes& times, double& grad_norm) {
 
 bool Run::update_recordable() const {
 #ifdef TRAINER_WITH_CUDA
-  return o_.cuda_graph && norm_overlap_ && step_args_ && !scaler_.enabled();
+  // step_args_ exists with --cuda-graph where the norm runs beside backward (run_setup.cpp).
+  return step_args_ && !scaler_.enabled();
 #else
   return false;
 #endif
@@ -95,8 +96,7 @@ void Run::forward_backward(int64_t step, bool backward, bool reduce, bool update
   for (int64_t k = 0; k < o_.grad_accum; ++k)
     replica_->stage(fill_micro_batch(step, k), static_cast<int>(k));
   const GraphKey key{scale, backward, reduce, norm_overlap_wanted_, update};
-  const bool record = !graph_key_ || !(*graph_key_ == key);
-  if (record) {
+  if (graph_key_ != key) {
     spdlog::debug("recording the step as a CUDA graph");
     replica_->begin_capture();
     timer_->begin_capture();

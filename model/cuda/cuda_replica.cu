@@ -189,6 +189,8 @@ class CudaReplica final : public Replica {
   // Then (training, once forward is queued) the embedding-gradient buckets into the same slot.
   void stage_buckets(const MicroBatch& mb);
   void run_forward(int64_t B, int64_t seq, bool training, const ParamsNeededFn& need);
+  // The host state a training forward of (batch, seq) leaves for backward and take_loss().
+  void forwarded(int64_t batch, int64_t seq);
 
   const T* P(int64_t offset) const { return params_.as<T>() + offset; }
   // Gradient of the tensor at `offset`, of grad_dtype_.
@@ -782,9 +784,14 @@ void CudaReplica<T>::forward(const MicroBatch& mb, const ParamsNeededFn& need) {
   stage_tokens(mb);
   run_forward(mb.batch, mb.seq, true, need);
   stage_buckets(mb);
-  host_.B = mb.batch;
-  host_.seq = mb.seq;
-  host_.train_tokens += mb.batch * mb.seq;
+  forwarded(mb.batch, mb.seq);
+}
+
+template <typename T>
+void CudaReplica<T>::forwarded(int64_t batch, int64_t seq) {
+  host_.B = batch;
+  host_.seq = seq;
+  host_.train_tokens += batch * seq;
   host_.backward_ready = true;
 }
 
@@ -940,10 +947,7 @@ void CudaReplica<T>::forward_staged(int slot, const ParamsNeededFn& need) {
   if (!capturing_) CUDA_CHECK(cudaEventRecord(staged_read_.e, stream_.s));
   run_forward(st.batch, st.seq, true, need);
   host_.groups = n;
-  host_.B = st.batch;
-  host_.seq = st.seq;
-  host_.train_tokens += n;
-  host_.backward_ready = true;
+  forwarded(st.batch, st.seq);
 }
 
 template <typename T>
