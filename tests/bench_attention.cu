@@ -9,8 +9,9 @@
 //
 // --kernels auto (default) runs what training runs: the Hopper wgmma kernels where
 // flash_attention_uses_wgmma says so, FA2 (mma.sync) elsewhere; --kernels mma-sync always FA2.
-// Each flash row says which kernel ran its forward and its backward (wgmma or mma.sync): the last
-// two CSV columns, fwd_kernel and bwd_kernel (empty on naive rows).
+// Each flash row says which kernel ran its forward and its backward (tma: the Hopper forward with a
+// TMA producer; wgmma: the Hopper backward; mma.sync: FA2): the last two CSV columns, fwd_kernel
+// and bwd_kernel (empty on naive rows).
 //
 //   bench_attention [--csv out.csv] [--dh 64,128] [--tmin 256] [--tmax 16384] [--batch 4]
 //                   [--heads 16] [--iters 20] [--warmup 5] [--naive-max-t 8192]
@@ -258,14 +259,14 @@ struct Row {
   std::string impl;
   int dh, T;
   double fwd_ms, bwd_ms, fwdbwd_ms, check;  // < 0: not measured
-  std::string fwd_kernel, bwd_kernel;       // "wgmma" or "mma.sync"; empty for naive rows
+  std::string fwd_kernel, bwd_kernel;       // "tma", "wgmma" or "mma.sync"; empty for naive rows
 };
 
 // The kernel flash_attention_forward / _backward run for head dim `dh` under `kernels`.
 const char* kernel_name(trainer::cuda::FlashKernels kernels, int dh, bool backward) {
   return kernels == trainer::cuda::FlashKernels::kAuto &&
                  trainer::cuda::flash_attention_uses_wgmma(dh, backward)
-             ? "wgmma"
+             ? (backward ? "wgmma" : "tma")
              : "mma.sync";
 }
 

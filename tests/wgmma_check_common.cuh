@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "model/cuda/flash/tma_forward.cu"
 #include "model/cuda/flash/wgmma_backward.cu"
-#include "model/cuda/flash/wgmma_forward.cu"
 #include "model/cuda/flash_attention.cu"
 
 // core/cuda_check.cpp's two functions (the real ones log through spdlog): report and exit 2.

@@ -2,8 +2,8 @@
 // part of `all`). It compiles the attention .cu files into itself (their internals are tested)
 // and links only the CUDA runtime.
 //
-// Standalone check of the Hopper wgmma attention forward (model/cuda/flash/wgmma_forward.cu) on
-// an sm_90 GPU:
+// Standalone check of the Hopper attention forward (model/cuda/flash/tma_forward.cu: TMA producer,
+// wgmma consumers) on an sm_90 GPU:
 //   0. unit tests of the two wgmma paths the kernel uses, with the kernel's own tile loaders and
 //      descriptors: S-like C = A B^T (A, B K-major SW128 tiles in shared memory) and O-like
 //      C = P V (P from registers in the claimed A-fragment layout, V MN-major SW128). Each result
@@ -39,12 +39,26 @@ namespace fl = trainer::cuda::flash;
 namespace wgh = trainer::cuda::flash::wg;
 constexpr auto kMmaSync = trainer::cuda::FlashKernels::kMmaSync;
 
-// The wgmma forward for both head dims (flash_attention_forward picks it at dh 128 only).
-void wgmma_forward(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, int B, int T,
-                   int H, int D, cudaStream_t stream) {
+// The TMA / warp-specialised forward (model/cuda/flash/tma_forward.cu).
+void tma_forward(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, int B, int T,
+                 int H, int D, cudaStream_t stream) {
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  fl::flash_wgmma_forward(fl::FwdParams{q, k, v, o, lse, T, H, scale, scale * fl::kLog2e}, B, D,
-                          stream);
+  fl::flash_tma_forward(fl::FwdParams{q, k, v, o, lse, T, H, scale, scale * fl::kLog2e}, B, D,
+                        stream);
+}
+
+enum class Kernel { kFa2, kTma };
+const char* name_of(Kernel kernel) { return kernel == Kernel::kFa2 ? "FA2" : "TMA"; }
+void run_forward(Kernel kernel, const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
+                 int B, int T, int H, int D, cudaStream_t stream) {
+  switch (kernel) {
+    case Kernel::kFa2:
+      trainer::cuda::flash_attention_forward(q, k, v, o, lse, B, T, H, D, stream, kMmaSync);
+      break;
+    case Kernel::kTma:
+      tma_forward(q, k, v, o, lse, B, T, H, D, stream);
+      break;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -351,32 +365,31 @@ void correctness_case(int T, int D, cudaStream_t stream) {
   const auto o_ref = dev_download(o_ref_d, n);
   const auto lse_ref = dev_download(lse_ref_d, n_lse);
 
-  auto run = [&](bool wgmma) {
+  auto run = [&](Kernel kernel) {
     CUDA_CHECK(cudaMemsetAsync(o, 0xFF, (n + guard) * sizeof(bf16), stream));
     CUDA_CHECK(cudaMemsetAsync(lse, 0xFF, (n_lse + guard) * sizeof(float), stream));
-    if (wgmma) {
-      wgmma_forward(q, k, v, o, lse, B, T, H, D, stream);
-    } else {
-      trainer::cuda::flash_attention_forward(q, k, v, o, lse, B, T, H, D, stream, kMmaSync);
-    }
-    sync_or_die(stream, wgmma ? "flash_wgmma_forward" : "flash_attention_forward");
+    run_forward(kernel, q, k, v, o, lse, B, T, H, D, stream);
+    sync_or_die(stream, name_of(kernel));
     return compare(o, lse, o_ref, lse_ref, guard);
   };
 
-  const Errors fa2 = run(false);
-  const Errors e = run(true);
-  const bool ok = errors_ok(e);
-  std::printf(
-      "T=%5d dh=%3d  wgmma: o max_abs %.3e rel %.3e  lse max_abs %.3e%s%s  %s   "
-      "(FA2 sanity: o rel %.3e lse %.3e %s)\n",
-      T, D, e.o_abs, e.o_rel, e.lse_abs, e.non_finite ? "  NON-FINITE" : "",
-      e.guard_ok ? "" : "  GUARD-OVERWRITTEN", ok ? "PASS" : "FAIL", fa2.o_rel, fa2.lse_abs,
-      errors_ok(fa2) ? "ok" : "BAD");
-  if (!ok) {
-    ++g_failures;
-    // Re-run the wgmma kernel so that o holds its output, then summarise the wrong positions.
-    run(true);
-    describe_o_failure(o, o_ref, B, T, H, D);
+  const Errors fa2 = run(Kernel::kFa2);
+  {
+    const Kernel kernel = Kernel::kTma;
+    const Errors e = run(kernel);
+    const bool ok = errors_ok(e);
+    std::printf(
+        "T=%5d dh=%3d  %-5s: o max_abs %.3e rel %.3e  lse max_abs %.3e%s%s  %s   "
+        "(FA2 sanity: o rel %.3e lse %.3e %s)\n",
+        T, D, name_of(kernel), e.o_abs, e.o_rel, e.lse_abs, e.non_finite ? "  NON-FINITE" : "",
+        e.guard_ok ? "" : "  GUARD-OVERWRITTEN", ok ? "PASS" : "FAIL", fa2.o_rel, fa2.lse_abs,
+        errors_ok(fa2) ? "ok" : "BAD");
+    if (!ok) {
+      ++g_failures;
+      // Re-run the kernel so that o holds its output, then summarise the wrong positions.
+      run(kernel);
+      describe_o_failure(o, o_ref, B, T, H, D);
+    }
   }
   std::fflush(stdout);
   for (void* p :
@@ -411,46 +424,51 @@ void timing(cudaStream_t stream) {
   std::printf(
       "\nTiming: B=%d H=%d causal, median of 20 after 5 warm-up (TFLOP/s = 4*B*H*T^2*dh/2)\n", B,
       H);
-  std::printf("%4s %6s | %10s %8s | %10s %8s | %7s | %s\n", "dh", "T", "wgmma ms", "TFLOP/s",
-              "FA2 ms", "TFLOP/s", "speedup", "wgmma vs FA2 (o rel, lse abs)");
+  std::printf("%4s %6s | %10s %8s | %10s %8s | %7s | %s\n", "dh", "T", "TMA ms", "TFLOP/s",
+              "FA2 ms", "TFLOP/s", "speedup", "TMA vs FA2 (o rel, lse abs)");
   for (int D : {64, 128}) {
     for (int T : {1024, 2048, 4096, 8192, 16384}) {
       const double flops = 4.0 * B * H * static_cast<double>(T) * T * D / 2.0;
-      const double ms_new =
-          median_ms([&] { wgmma_forward(q, k, v, o_new, lse_new, B, T, H, D, stream); }, stream,
-                    "flash_wgmma_forward (timing)");
-      const double ms_fa2 = median_ms(
-          [&] {
-            trainer::cuda::flash_attention_forward(q, k, v, o_fa2, lse_fa2, B, T, H, D, stream,
-                                                   kMmaSync);
-          },
-          stream, "flash_attention_forward (timing)");
-      // Cross-check of the two outputs on the timed shape.
+      double ms[2];
+      for (Kernel kernel : {Kernel::kTma, Kernel::kFa2}) {
+        bf16* o = kernel == Kernel::kFa2 ? o_fa2 : o_new;
+        float* lse = kernel == Kernel::kFa2 ? lse_fa2 : lse_new;
+        ms[static_cast<int>(kernel)] =
+            median_ms([&] { run_forward(kernel, q, k, v, o, lse, B, T, H, D, stream); }, stream,
+                      name_of(kernel));
+      }
+      std::printf("%4d %6d | %10.3f %8.1f | %10.3f %8.1f | %6.2fx |", D, T, ms[1],
+                  flops / ms[1] * 1e-9, ms[0], flops / ms[0] * 1e-9, ms[0] / ms[1]);
+      // Cross-check of each Hopper kernel's output against FA2's on the timed shape.
       const size_t n = static_cast<size_t>(B) * T * H * D;
       const size_t nl = static_cast<size_t>(B) * H * T;
-      const auto a = dev_download(o_new, n);
       const auto b = dev_download(o_fa2, n);
-      const auto la = dev_download(lse_new, nl);
       const auto lb = dev_download(lse_fa2, nl);
-      double max_diff = 0, max_ref = 0, lse_diff = 0;
-      bool finite = true;
-      for (size_t i = 0; i < n; ++i) {
-        const float x = __bfloat162float(a[i]);
-        const float y = __bfloat162float(b[i]);
-        if (!std::isfinite(x)) finite = false;
-        max_diff = std::max(max_diff, static_cast<double>(std::fabs(x - y)));
-        max_ref = std::max(max_ref, static_cast<double>(std::fabs(y)));
+      {
+        const Kernel kernel = Kernel::kTma;
+        run_forward(kernel, q, k, v, o_new, lse_new, B, T, H, D, stream);
+        sync_or_die(stream, name_of(kernel));
+        const auto a = dev_download(o_new, n);
+        const auto la = dev_download(lse_new, nl);
+        double max_diff = 0, max_ref = 0, lse_diff = 0;
+        bool finite = true;
+        for (size_t i = 0; i < n; ++i) {
+          const float x = __bfloat162float(a[i]);
+          const float y = __bfloat162float(b[i]);
+          if (!std::isfinite(x)) finite = false;
+          max_diff = std::max(max_diff, static_cast<double>(std::fabs(x - y)));
+          max_ref = std::max(max_ref, static_cast<double>(std::fabs(y)));
+        }
+        for (size_t i = 0; i < nl; ++i) {
+          if (!std::isfinite(la[i])) finite = false;
+          lse_diff = std::max(lse_diff, static_cast<double>(std::fabs(la[i] - lb[i])));
+        }
+        const double rel = max_diff / std::max(max_ref, 1e-30);
+        const bool ok = finite && rel < 2e-2 && lse_diff < 1e-3;
+        if (!ok) ++g_failures;
+        std::printf(" %.2e %.2e %s", rel, lse_diff, ok ? "ok" : "MISMATCH");
       }
-      for (size_t i = 0; i < nl; ++i) {
-        if (!std::isfinite(la[i])) finite = false;
-        lse_diff = std::max(lse_diff, static_cast<double>(std::fabs(la[i] - lb[i])));
-      }
-      const double rel = max_diff / std::max(max_ref, 1e-30);
-      const bool ok = finite && rel < 2e-2 && lse_diff < 1e-3;
-      if (!ok) ++g_failures;
-      std::printf("%4d %6d | %10.3f %8.1f | %10.3f %8.1f | %6.2fx | %.3e %.3e %s\n", D, T, ms_new,
-                  flops / ms_new * 1e-9, ms_fa2, flops / ms_fa2 * 1e-9, ms_fa2 / ms_new, rel,
-                  lse_diff, ok ? "ok" : "MISMATCH");
+      std::printf("\n");
       std::fflush(stdout);
     }
   }

@@ -18,9 +18,9 @@
 
 #include "core/error.h"
 #include "model/cuda/flash/launch.h"
+#include "model/cuda/flash/tma_forward.h"
 #include "model/cuda/flash/warp_mma.cuh"
 #include "model/cuda/flash/wgmma_backward.h"
-#include "model/cuda/flash/wgmma_forward.h"
 #include "model/cuda/flash_attention.h"
 
 namespace trainer::cuda {
@@ -788,8 +788,8 @@ bool flash_attention_supports(int head_dim) {
 
 bool flash_attention_uses_wgmma(int head_dim, bool backward) {
 #ifdef TRAINER_SM90A
-  const bool faster = backward ? (head_dim == 64 || head_dim == 128) : head_dim == 128;
-  return faster && flash::current_device_is_sm90();
+  (void)backward;  // both directions have Hopper kernels at the same head dims
+  return (head_dim == 64 || head_dim == 128) && flash::current_device_is_sm90();
 #else
   (void)head_dim;
   (void)backward;
@@ -810,7 +810,7 @@ void flash_attention_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, con
   const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
   const flash::FwdParams p{q, k, v, o, lse, T, H, scale, scale * flash::kLog2e};
   if (kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(head_dim, false)) {
-    flash::flash_wgmma_forward(p, B, head_dim, stream);
+    flash::flash_tma_forward(p, B, head_dim, stream);
     return;
   }
   switch (head_dim) {

@@ -16,19 +16,19 @@ namespace trainer::cuda {
 bool flash_attention_supports(int head_dim);
 
 // Which kernels run. Every head dim has FlashAttention-2 kernels on mma.sync (any GPU from sm_80
-// on). Hopper also has warpgroup-MMA (wgmma) kernels for head dims 64 and 128, used by kAuto only
-// where they were measured faster (H200, B=4, H=16, causal, T 1024..16384):
-//   forward,  head dim 128: wgmma 1.24-1.47x faster than FA2 -> wgmma;
-//   forward,  head dim 64:  wgmma 0.95-0.97x up to T 8192 (1.05x at 16384) -> FA2;
-//   backward, head dims 64 and 128: wgmma main kernel 1.27-1.47x faster -> wgmma.
+// on). Hopper also has warpgroup-MMA kernels for head dims 64 and 128, which kAuto runs there
+// (H200, B=4, H=16, causal, T 1024..16384):
+//   forward (flash/tma_forward.cu, TMA producer + pipelined wgmma consumers): 1.10-1.28x faster
+//     than FA2 at head dim 64, 1.68-2.22x at 128;
+//   backward (flash/wgmma_backward.cu): main kernel 1.27-1.47x faster than FA2.
 // kMmaSync always runs the FA2 kernels (tests and benchmarks keep that path covered on Hopper).
 // Both agree to bf16 rounding (the tests hold them to the same tolerances); the backward's D and
 // dq-conversion kernels and its workspace are the same either way.
 enum class FlashKernels { kAuto, kMmaSync };
 
-// True when kAuto runs the wgmma kernel for this head dim (forward or backward): the build targets
+// True when kAuto runs a Hopper kernel for this head dim (forward or backward): the build targets
 // sm_90a (TRAINER_SM90A, set when CMAKE_CUDA_ARCHITECTURES lists 90a), the current device has
-// compute capability exactly 9.0, and the kernel is the faster one (see above).
+// compute capability exactly 9.0, and the head dim is 64 or 128.
 bool flash_attention_uses_wgmma(int head_dim, bool backward);
 
 // o and lse are overwritten; lse feeds the backward. Work is queued on `stream` (no sync).

@@ -94,6 +94,18 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Moves registers between the warpgroups of a CTA (setmaxnreg): every thread of the warpgroup
+// executes it, and the CTA's total must stay within what it was launched with. ptxas allocates
+// the code after an increase with the new limit.
+template <int kRegs>
+__device__ __forceinline__ void set_max_registers_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void set_max_registers_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shared-memory matrix descriptor (PTX ISA, "Asynchronous Warpgroup Level Matrix Shared Memory
 // Layout" > "Matrix Descriptor", section 9.7.15.5.1 in ISA 8.x; anchor
@@ -181,6 +193,26 @@ __device__ __forceinline__ void load_tile_sw128(uint32_t smem, const bf16* gmem,
     cp_async_16_sw(
         smem + static_cast<uint32_t>((c >> 3) * (kRows * 128)) + sw128_chunk_offset(r, c & 7), src,
         valid);
+  }
+}
+
+// The epilogues' copy-out: rows [row0, row0 + 64) of a SW128 tile of kRows rows x kCols bf16 at
+// `tile` (generic pointer) to global memory, tile row r going to gmem + r * ld; rows r >=
+// valid_rows are skipped. One warpgroup (wtid = thread within it), 16-byte chunks, consecutive
+// threads on consecutive chunks of a row (coalesced).
+template <int kRows, int kCols>
+__device__ __forceinline__ void store_rows_sw128(bf16* gmem, int64_t ld, const unsigned char* tile,
+                                                 int row0, int valid_rows, int wtid) {
+  constexpr int kChunksPerRow = kCols / 8;
+#pragma unroll
+  for (int i = wtid; i < 64 * kChunksPerRow; i += 128) {
+    const int row = row0 + i / kChunksPerRow;
+    const int c = i % kChunksPerRow;
+    if (row < valid_rows) {
+      const uint32_t off = (c >> 3) * (kRows * 128) + sw128_chunk_offset(row, c & 7);
+      *reinterpret_cast<uint4*>(gmem + row * ld + c * 8) =
+          *reinterpret_cast<const uint4*>(tile + off);
+    }
   }
 }
 
@@ -330,6 +362,23 @@ struct Wgmma<128> {
         : "memory");
   }
 };
+
+// D = A B^T over K = kChunks * 16 columns, A (64 rows) and B (N rows) K-major SW128 tiles of
+// kRowsA and kRowsB rows whose descriptors point at the operand's first row (S = Q K^T and the
+// backward's S^T, dP^T). One group of kChunks wgmma; the caller fences before and commits after.
+template <int kChunks, int kRowsA, int kRowsB, int N>
+__device__ __forceinline__ void ss_kmajor(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
+#pragma unroll
+  for (int kk = 0; kk < kChunks; ++kk) {
+    const uint64_t da = desc_advance(desc_a, kmajor_chunk_offset<kRowsA>(kk));
+    const uint64_t db = desc_advance(desc_b, kmajor_chunk_offset<kRowsB>(kk));
+    if (kk == 0) {
+      Wgmma<N>::ss_overwrite(d, da, db);
+    } else {
+      Wgmma<N>::ss(d, da, db, 1);
+    }
+  }
+}
 
 #undef TRAINER_WG_ACC_8
 #undef TRAINER_WG_ACC_32

@@ -109,7 +109,6 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   constexpr int kKN = BN / 16;     // k-chunks of dQ (over the block's keys)
   constexpr int kSRegs = BM / 2;   // S^T / dP^T floats per thread (64 x BM per warpgroup)
   constexpr int kAccRegs = D / 2;  // dK / dV floats per thread (64 x dh per warpgroup)
-  using MmaS = wg::Wgmma<BM>;
   using MmaKV = wg::Wgmma<D>;
   using MmaQ = wg::Wgmma<64>;
 
@@ -195,16 +194,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 
   // dP^T = V dO^T (raw fp32), K-major A = V rows of this warpgroup, K-major B = dO.
   auto issue_dp = [&](float(&acc)[kSRegs], uint32_t q_off) {
-#pragma unroll
-    for (int kk = 0; kk < kKD; ++kk) {
-      const uint64_t a_desc = wg::desc_advance(desc_v, wg::kmajor_chunk_offset<BN>(kk));
-      const uint64_t b_desc = wg::desc_advance(desc_do, q_off + wg::kmajor_chunk_offset<BM>(kk));
-      if (kk == 0) {
-        MmaS::ss_overwrite(acc, a_desc, b_desc);
-      } else {
-        MmaS::ss(acc, a_desc, b_desc, 1);
-      }
-    }
+    wg::ss_kmajor<kKD, BN, BM, BM>(acc, desc_v, wg::desc_advance(desc_do, q_off));
   };
   // dV += P^T dO. k-chunk kk = queries 16kk .. 16kk+15 = rows 16kk.. of every 64-column panel of
   // dO: + 16kk * 128 bytes (the same holds for Q in dK += dS^T Q).
@@ -242,16 +232,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 
     // S^T = K Q^T (raw fp32 dot products).
     wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < kKD; ++kk) {
-      const uint64_t a_desc = wg::desc_advance(desc_k, wg::kmajor_chunk_offset<BN>(kk));
-      const uint64_t b_desc = wg::desc_advance(desc_q, q_off + wg::kmajor_chunk_offset<BM>(kk));
-      if (kk == 0) {
-        MmaS::ss_overwrite(s, a_desc, b_desc);
-      } else {
-        MmaS::ss(s, a_desc, b_desc, 1);
-      }
-    }
+    wg::ss_kmajor<kKD, BN, BM, BM>(s, desc_k, wg::desc_advance(desc_q, q_off));
     wg::commit_group();
     if constexpr (!Cfg::kEarlyP) {
       // dP^T = V dO^T in its own group, running while P^T is computed.
@@ -446,23 +427,8 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     }
   }
   wg::named_barrier(1 + wgi, 128);  // this warpgroup's rows are staged
-  bf16* dk = p.dk + head_off;
-  bf16* dv = p.dv + head_off;
-  constexpr int kChunksPerRow = D / 8;
-#pragma unroll
-  for (int i = wtid; i < 64 * kChunksPerRow; i += 128) {
-    const int r = i / kChunksPerRow;
-    const int c = i % kChunksPerRow;
-    const int row_l = wgi * 64 + r;
-    const int key = n0 + row_l;
-    if (key < T) {
-      const uint32_t off = (c >> 3) * Cfg::kPanelKV + wg::sw128_chunk_offset(row_l, c & 7);
-      *reinterpret_cast<uint4*>(dk + key * ld + c * 8) =
-          *reinterpret_cast<const uint4*>(sK_ptr + off);
-      *reinterpret_cast<uint4*>(dv + key * ld + c * 8) =
-          *reinterpret_cast<const uint4*>(sV_ptr + off);
-    }
-  }
+  wg::store_rows_sw128<BN, D>(p.dk + head_off + n0 * ld, ld, sK_ptr, wgi * 64, T - n0, wtid);
+  wg::store_rows_sw128<BN, D>(p.dv + head_off + n0 * ld, ld, sV_ptr, wgi * 64, T - n0, wtid);
 #else
   // Built for an architecture without wgmma: never launched (flash_attention_uses_wgmma is false).
   __trap();

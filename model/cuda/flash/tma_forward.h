@@ -1,0 +1,18 @@
+// Hopper (sm_90a) causal attention forward with a TMA producer warp and software-pipelined
+// warpgroup MMA: the FlashAttention-3 structure. Internal: called by flash_attention_forward
+// (flash_attention.cu), which validates the arguments and decides when it runs. Same tensors and
+// semantics as every forward: q, k, v, o bf16 (B, T, H*dh), lse fp32 (B, H, T).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "model/cuda/flash/launch.h"
+
+namespace trainer::cuda::flash {
+
+// p.o and p.lse are overwritten; work is queued on `stream` (no sync). head_dim 64 or 128; q, k,
+// v, o 16-byte aligned, lse 4-byte aligned; a compute capability 9.0 device and a build for
+// sm_90a (elsewhere the kernel traps). Builds three TMA descriptors on the host per call.
+void flash_tma_forward(const FwdParams& p, int B, int head_dim, cudaStream_t stream);
+
+}  // namespace trainer::cuda::flash
