@@ -304,6 +304,64 @@ TEST_CASE("flash attention forward is deterministic", "[gpu][flash_attention]") 
   CHECK(a == b);
 }
 
+// Many heads at a long T: the Hopper kernels then order their CTAs in groups of heads that share
+// the L2 (flash/launch.h, head_order), the last group smaller than the others. Every head and
+// every block must still be computed: kAuto (Hopper) against kMmaSync (FA2) on the same inputs,
+// forward and backward, poisoned outputs. B * H = 70 heads, T = 4096.
+TEST_CASE("flash attention: the grouped CTA order of the Hopper kernels covers every head",
+          "[gpu][flash_attention]") {
+  const int D = GENERATE(64, 128);
+  if (!flash_attention_uses_wgmma(D, false)) {
+    WARN("not a Hopper run: kAuto is FA2 here, nothing to compare for dh " << D);
+    return;
+  }
+  const int B = 5, T = 4096, H = 14;
+  const size_t n = static_cast<size_t>(B) * T * H * D;
+  const size_t n_lse = static_cast<size_t>(B) * H * T;
+  std::mt19937 gen(11);
+  const Bf16Tensor q(n, gen), k(n, gen), v(n, gen), dout(n, gen);
+  DeviceMem d_q(n * 2), d_k(n * 2), d_v(n * 2), d_do(n * 2);
+  q.upload(d_q);
+  k.upload(d_k);
+  v.upload(d_v);
+  dout.upload(d_do);
+  DeviceMem work(flash_attention_backward_workspace_bytes(B, T, H, D));
+  using bf = __nv_bfloat16;
+  struct Out {
+    std::vector<float> o, lse, dq, dk, dv;
+  };
+  auto run = [&](FlashKernels kernels) {
+    DeviceMem o(n * 2), lse(n_lse * 4), dq(n * 2), dk(n * 2), dv(n * 2);
+    for (const DeviceMem* m : {&o, &lse, &dq, &dk, &dv}) m->poison();
+    flash_attention_forward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), o.as<bf>(), lse.as<float>(),
+                            B, T, H, D, nullptr, kernels);
+    flash_attention_backward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), o.as<bf>(), d_do.as<bf>(),
+                             lse.as<float>(), dq.as<bf>(), dk.as<bf>(), dv.as<bf>(), work.ptr, B, T,
+                             H, D, nullptr, kernels);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    Out out{download_bf16(o, n), std::vector<float>(n_lse), download_bf16(dq, n),
+            download_bf16(dk, n), download_bf16(dv, n)};
+    CUDA_CHECK(cudaMemcpy(out.lse.data(), lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost));
+    return out;
+  };
+  const Out hopper = run(FlashKernels::kAuto);
+  const Out fa2 = run(FlashKernels::kMmaSync);
+  auto as_double = [](const std::vector<float>& x) {
+    return std::vector<double>(x.begin(), x.end());
+  };
+  const std::pair<const char*, std::pair<const std::vector<float>*, const std::vector<float>*>>
+      outputs[] = {{"o", {&hopper.o, &fa2.o}},
+                   {"lse", {&hopper.lse, &fa2.lse}},
+                   {"dq", {&hopper.dq, &fa2.dq}},
+                   {"dk", {&hopper.dk, &fa2.dk}},
+                   {"dv", {&hopper.dv, &fa2.dv}}};
+  for (const auto& [name, pair] : outputs) {
+    INFO("dh " << D << ", " << name << ": Hopper kernels against FA2");
+    CHECK(count_nan(*pair.first) == 0);
+    CHECK(rel_error(*pair.first, as_double(*pair.second)) < 1e-2);
+  }
+}
+
 TEST_CASE("flash attention supports exactly the built head dims", "[gpu][flash_attention]") {
   for (int d : {16, 32, 64, 80, 128}) CHECK(flash_attention_supports(d));
   for (int d : {0, 8, 24, 48, 96, 112, 160, 256}) CHECK_FALSE(flash_attention_supports(d));

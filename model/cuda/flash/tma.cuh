@@ -85,17 +85,48 @@ __device__ __forceinline__ void load_head_tile(uint32_t dst, const CUtensorMap* 
     load_4d(dst + panel * kRows * 128, map, bar, panel * 64, h, row0, b);
 }
 
+// Bulk tensor reduction: adds the box at shared address `src` (laid out as the map's box, with its
+// swizzle) into the tensor at coordinates (c0 innermost .. c3); elements outside the tensor are
+// dropped. Asynchronous: completion is tracked per thread with bulk groups (below).
+__device__ __forceinline__ void reduce_add_4d(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                              int c2, int c3) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+      " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// Closes the bulk operations this thread issued since the last commit into one group.
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most N of this thread's bulk groups have not yet finished reading their shared
+// memory (the source may then be overwritten).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+// Waits until at most N of this thread's bulk groups are still running (writes included).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Starts fetching the tensor map itself into the cache (the first load would stall on it).
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host: the tensor map of a bf16 (B, T, H*dh) activation seen as 4-D (dh, H, T, B), innermost
-// first, with boxes of (64, 1, box_rows, 1): one SW128 panel of box_rows rows of one head.
+// Host: the tensor map of a (B, T, H*dh) activation seen as 4-D (dh, H, T, B), innermost first,
+// with boxes of (box_cols, 1, box_rows, 1) and the 128-byte swizzle, so box_cols * elem_bytes must
+// be 128: one SW128 panel of box_rows rows of one head.
 // ---------------------------------------------------------------------------------------------
-inline CUtensorMap head_tile_map(const __nv_bfloat16* base, int B, int T, int H, int head_dim,
-                                 int box_rows) {
+inline CUtensorMap head_map(const void* base, CUtensorMapDataType type, int elem_bytes, int B,
+                            int T, int H, int head_dim, int box_cols, int box_rows) {
   using Encode =
       CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -112,24 +143,37 @@ inline CUtensorMap head_tile_map(const __nv_bfloat16* base, int B, int T, int H,
     }
     return reinterpret_cast<Encode>(fn);
   }();
+  const auto eb = static_cast<cuuint64_t>(elem_bytes);
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(H),
                               static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(B)};
-  const cuuint64_t row_bytes = static_cast<cuuint64_t>(H) * head_dim * 2;
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(head_dim) * 2, row_bytes,
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(H) * head_dim * eb;
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(head_dim) * eb, row_bytes,
                                  row_bytes * static_cast<cuuint64_t>(T)};
-  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(box_cols), 1,
+                             static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   CUtensorMap map;
-  const CUresult res = encode(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<__nv_bfloat16*>(base), dims, strides,
-      box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult res =
+      encode(&map, type, 4, const_cast<void*>(base), dims, strides, box, element_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS)
-    throw RuntimeError(
-        fmt::format(fmt::runtime("flash attention: cuTensorMapEncodeTiled failed ({}) for "
-                                 "B={} T={} H={} dh={}"),
-                    static_cast<int>(res), B, T, H, head_dim));
+    throw RuntimeError(fmt::format(fmt::runtime("flash attention: cuTensorMapEncodeTiled failed "
+                                                "({}) for B={} T={} H={} dh={}"),
+                                   static_cast<int>(res), B, T, H, head_dim));
   return map;
+}
+
+// bf16 activations (q, k, v, dO): 64-column panels.
+inline CUtensorMap head_tile_map(const __nv_bfloat16* base, int B, int T, int H, int head_dim,
+                                 int box_rows) {
+  return head_map(base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B, T, H, head_dim, 64, box_rows);
+}
+
+// The backward's fp32 dQ accumulator: 32-column panels.
+inline CUtensorMap head_tile_map_f32(const float* base, int B, int T, int H, int head_dim,
+                                     int box_rows) {
+  return head_map(base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, B, T, H, head_dim, 32, box_rows);
 }
 
 }  // namespace trainer::cuda::flash::tma

@@ -3,7 +3,8 @@
 // cores (FlashAttention-3, Shah et al. 2024, sections 3.1-3.2). Semantics as
 // flash_attention_forward; wgmma layouts and the SW128 tile format as in wgmma.cuh.
 //
-// Roles (384 threads, one CTA per SM):
+// Roles (384 threads, one CTA per SM; CTA order as in launch.h, head_order: heads in L2-sized
+// groups, the query blocks with the most keys first):
 //   * Warpgroup 2, one thread: the producer. Issues one TMA load of Q (128 x dh) and then, for the
 //   key
 //     tiles from the diagonal down to tile 0, K and V tiles (128 x dh each) into 2-stage rings,
@@ -48,6 +49,7 @@ struct Params {
   CUtensorMap k;
   CUtensorMap v;
   FwdParams f;
+  HeadOrder order;
 };
 
 #pragma nv_diagnostic push
@@ -109,10 +111,11 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 
   const int tid = threadIdx.x;
   const int T = p.f.T;
-  const int bh = blockIdx.x;
+  int bh, rank;
+  head_order_cta(p.order, blockIdx.x, bh, rank);
   const int b = bh / p.f.H;
   const int h = bh % p.f.H;
-  const int m0 = (gridDim.y - 1 - blockIdx.y) * BM;  // the longest rows first
+  const int m0 = (p.order.blocks - 1 - rank) * BM;  // rank 0: the last rows, the most keys
   const int n_tiles = (min(m0 + BM, T) + BN - 1) / BN;
 
   if (tid == Cfg::kConsumerThreads) {
@@ -332,7 +335,9 @@ void launch(const FwdParams& f, int B, cudaStream_t stream) {
   p.k = tma::head_tile_map(f.k, B, f.T, f.H, D, Cfg::kBlockN);
   p.v = tma::head_tile_map(f.v, B, f.T, f.H, D, Cfg::kBlockN);
   p.f = f;
-  const dim3 grid(static_cast<unsigned>(B) * f.H, (f.T + Cfg::kBlockM - 1) / Cfg::kBlockM);
+  // The working set of a head: its K and V.
+  p.order = head_order(B, f.H, f.T, Cfg::kBlockM, 2 * D * 2, "flash attention forward");
+  const unsigned grid = static_cast<unsigned>(p.order.blocks) * p.order.heads;
   flash_tma_fwd_kernel<D><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH("flash_tma_fwd_kernel");
 }

@@ -5,14 +5,18 @@
 // Notation for one (b, h): scale = 1/sqrt(dh), S = scale Q K^T (causal), P = exp(S - lse),
 //   dV = P^T dO,  dP = dO V^T,  dS = P o (dP - D),  dQ = scale dS K,  dK = scale dS^T Q.
 //
-// Design (no producer warp, no TMA, no mbarriers; the same building blocks as the forward):
-//   * One CTA = 128 keys of one (batch, head) = 2 warpgroups (256 threads); warpgroup w owns keys
-//     [64w, 64w + 64) of the block and keeps their dK and dV (64 x dh fp32 each) in registers for
-//     the whole kernel. Grid (B*H, ceil(T/128)); key block 0 (the most query tiles) first.
-//   * K and V of the block stay in shared memory. The CTA sweeps the query tiles of BM queries
-//     from the one holding its first key to the end of the sequence (tiles entirely before the
-//     keys see none of them and are skipped); Q, dO, lse and D of tile m+1 are loaded with cp.async
-//     into the other half of a 2-stage buffer while tile m is computed.
+// Design (the forward's structure, tma_forward.cu, with the backward's products):
+//   * One CTA = 128 keys of one (batch, head) = 3 warpgroups (384 threads). Warpgroups 0 and 1
+//     are consumers: warpgroup w owns keys [64w, 64w + 64) of the block and keeps their dK and dV
+//     (64 x dh fp32 each) in registers for the whole kernel (240 registers per thread after
+//     setmaxnreg). Warpgroup 2 is the producer (24 registers): one thread issues the TMA loads,
+//     its warp copies lse and D. One CTA per SM; CTA order as in launch.h (head_order: heads in
+//     L2-sized groups, key block 0, the most query tiles, first).
+//   * K and V of the block are loaded once. The CTA sweeps the query tiles of BM queries from the
+//     one holding its first key to the end of the sequence (tiles entirely before the keys see
+//     none of them and are skipped); Q, dO (TMA) and lse, D (the producer warp) of each tile go
+//     into a 2-stage ring guarded by mbarriers: "full" completes when the bytes landed and the
+//     producer warp arrived, "empty" when all 256 consumer threads released the stage.
 //   * Per query tile, per warpgroup, transposed so that the warpgroup's keys are wgmma's M:
 //       S^T  = K Q^T             SS, A = K (K-major), B = Q (K-major),  M 64, N BM, K dh
 //       dP^T = V dO^T            SS, A = V, B = dO (both K-major),      M 64, N BM, K dh
@@ -20,20 +24,25 @@
 //       dS^T = P^T o (dP^T - D)
 //       dV  += P^T dO            RS, A = P^T (registers, bf16), B = dO MN-major, M 64, N dh, K BM
 //       dK  += dS^T Q            RS, A = dS^T (registers),      B = Q MN-major,  M 64, N dh, K BM
-//     dS^T (bf16) also goes to shared memory (keys x queries, SW128), then, after a CTA barrier,
+//     dS^T (bf16) also goes to shared memory (keys x queries, SW128, 2 buffers), then, after a
+//     barrier of the two consumer warpgroups,
 //       dQ_tile = dS K           SS, A = dS = (stored dS^T) read MN-major (imm-trans-a = 1),
 //                                    B = K MN-major (keys x dh, imm-trans-b = 1), M 64, N 64, K 128
-//     and each thread adds its accumulator to dq_acc with fp32 vector reductions.
+//     and each warpgroup stages its fp32 share in shared memory, from where one thread adds it to
+//     dq_acc with a TMA reduction (cp.reduce.async.bulk.tensor, add): per-element atomics from
+//     every thread cost about 30% of the kernel at long T, the bulk reduction about 10%.
 //   * The dQ tile (BM x dh) is split so that each warpgroup does one m64n64 product over all 128
 //     keys: dh 128 (BM 64): warpgroup w takes dh columns [64w, 64w + 64) = K panel w;
 //     dh 64 (BM 128): warpgroup w takes queries [64w, 64w + 64) = dS^T panel w. Both halves need
-//     the dS^T of both warpgroups, hence the barrier.
+//     the dS^T of both warpgroups, hence the barrier (which also keeps the warpgroups within one
+//     tile of each other, so two dS^T buffers suffice).
 //   * Tiles: dh 128 uses BM = 64 (S^T and dP^T are 32 floats per thread each, dK + dV 128);
 //     dh 64 uses BM = 128 (S^T, dP^T 64 each, dK + dV 64). Either way ~192 accumulator floats
-//     per thread at the peak; ptxas -v reports the registers (no spills).
-//   * Shared memory (all tiles SW128 in 64-column panels, 1024-byte aligned, see wgmma.cuh):
-//     K, V 128 x dh each; 2 stages of Q and dO (BM x dh); dS^T 128 x BM; 2 stages of lse, D.
-//     dh 128: 145 KB + 1 KB alignment slack; dh 64: 130 KB + 1 KB. One CTA (8 warps) per SM.
+//     per thread at the peak; ptxas -v: none spilled at dh 128, 16 bytes at dh 64.
+//   * Shared memory (bf16 tiles SW128 in 64-column panels, 1024-byte aligned, see wgmma.cuh):
+//     K, V 128 x dh each; 2 stages of Q and dO (BM x dh); 2 dS^T buffers 128 x BM; 2 dQ shares
+//     64 x 64 fp32 (SW128 panels of 32 columns); 2 stages of lse, D; 5 mbarriers.
+//     dh 128: 193 KB + 1 KB alignment slack; dh 64: 194 KB + 1 KB.
 //   * Epilogue: dK (scaled) and dV are staged as bf16 in the K and V tiles (no longer read) and
 //     written out with 16-byte stores, rows >= T skipped.
 #include <cuda_bf16.h>
@@ -43,6 +52,7 @@
 
 #include "core/error.h"
 #include "model/cuda/flash/launch.h"
+#include "model/cuda/flash/tma.cuh"
 #include "model/cuda/flash/warp_mma.cuh"
 #include "model/cuda/flash/wgmma.cuh"
 #include "model/cuda/flash/wgmma_backward.h"
@@ -60,27 +70,37 @@ struct ConfigBase {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // queries per tile
   static constexpr int kBlockN = 128;       // keys per CTA (64 per warpgroup)
-  static constexpr int kThreads = 256;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
+  // Registers after the split (setmaxnreg) out of the 384 * 168 the CTA launches with.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
   static constexpr int kPanelKV = kBlockN * 128;  // bytes of one 64-column panel of K / V / dS^T
   static constexpr int kPanelQ = kBlockM * 128;   // bytes of one 64-column panel of Q / dO
   static constexpr int kTileKV = kBlockN * kHeadDim * 2;
   static constexpr int kTileQ = kBlockM * kHeadDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
-  // Byte offsets from the 1024-aligned base.
+  static constexpr int kDqBytes = 64 * 64 * 4;  // one warpgroup's fp32 dQ share
+  static constexpr int kDqPanel = 64 * 128;     // 32 fp32 columns of it (one SW128 panel)
+  // Byte offsets from the 1024-aligned base. Q, dO, lse, D and dS^T have 2 stages each (stage s
+  // at + s * size).
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kTileKV;
-  static constexpr int kOffQ = kOffV + kTileKV;      // stage s at + s * kTileQ
-  static constexpr int kOffDO = kOffQ + 2 * kTileQ;  // stage s at + s * kTileQ
+  static constexpr int kOffQ = kOffV + kTileKV;
+  static constexpr int kOffDO = kOffQ + 2 * kTileQ;
   static constexpr int kOffDS = kOffDO + 2 * kTileQ;
-  static constexpr int kOffL = kOffDS + kDsBytes;  // 2 stages of kBlockM floats
+  static constexpr int kOffDQ = kOffDS + 2 * kDsBytes;  // warpgroup w at + w * kDqBytes
+  static constexpr int kOffL = kOffDQ + 2 * kDqBytes;
   static constexpr int kOffD = kOffL + 2 * kBlockM * 4;
-  static constexpr int kSmemBytes = kOffD + 2 * kBlockM * 4 + 1024;
+  static constexpr int kOffBar = kOffD + 2 * kBlockM * 4;
+  static constexpr int kBarriers = 5;  // K/V full; query tile full x 2; query tile empty x 2
+  static constexpr int kSmemBytes = kOffBar + kBarriers * 8 + 1024;
   // dQ split: true = warpgroups take 64 query rows each (dS^T panel w, all dh = 64 columns);
   // false = warpgroups take 64 dh columns each (K panel w, all BM = 64 queries).
   static constexpr bool kDqSplitRows = kBlockM == 128;
   // Register-lean order of the per-tile work (see the kernel): dP^T is issued only after P^T was
   // packed to bf16 (no S^T / dP^T overlap), and dS^T uses that bf16 copy of P^T. Needed at
-  // BM = 128 to stay within 255 registers.
+  // BM = 128 to stay within the consumers' registers.
   static constexpr bool kEarlyP = kBlockM == 128;
   static_assert(kHeadDim % 64 == 0 && kBlockM % 64 == 0, "tiles are whole 64-column panels");
   static_assert(kDqSplitRows ? (kHeadDim == 64) : (kBlockM == 64 && kHeadDim == 128),
@@ -96,14 +116,29 @@ struct Config<64> : ConfigBase<64, 128> {};
 template <>
 struct Config<128> : ConfigBase<128, 64> {};
 
+// Named barrier of the two consumer warpgroups (ids 1 and 2 are the epilogue's per-warpgroup ones).
+constexpr int kConsumersBarrier = 3;
+
+// The kernel's argument block: TMA descriptors of the four (B, T, H*dh) inputs (built per call on
+// the host) and the common backward arguments.
+struct Params {
+  CUtensorMap q;
+  CUtensorMap k;
+  CUtensorMap v;
+  CUtensorMap dout;
+  CUtensorMap dq;  // the fp32 accumulator, 32-column boxes of 64 rows
+  BwdParams f;
+  HeadOrder order;
+};
+
 template <int D>
 __global__ void __launch_bounds__(Config<D>::kThreads, 1)
-    flash_wgmma_bwd_kernel(const BwdParams p) {
+    flash_wgmma_bwd_kernel(const __grid_constant__ Params params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = Config<D>;
+  const BwdParams& p = params.f;
   constexpr int BM = Cfg::kBlockM;
   constexpr int BN = Cfg::kBlockN;
-  constexpr int kThreads = Cfg::kThreads;
   constexpr int kKD = D / 16;      // k-chunks of S^T, dP^T (over dh)
   constexpr int kKM = BM / 16;     // k-chunks of dV, dK (over the tile's queries)
   constexpr int kKN = BN / 16;     // k-chunks of dQ (over the block's keys)
@@ -125,44 +160,85 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   float* const sL = reinterpret_cast<float*>(s_base_ptr + Cfg::kOffL);
   float* const sDs = reinterpret_cast<float*>(s_base_ptr + Cfg::kOffD);
 
+  const uint32_t bar_kv = s_base + Cfg::kOffBar;
+  auto q_full = [&](int stage) { return bar_kv + 8u * (1 + stage); };
+  auto q_empty = [&](int stage) { return bar_kv + 8u * (3 + stage); };
+
   const int tid = threadIdx.x;
+  const int T = p.T;
+  int bh, rank;
+  head_order_cta(params.order, blockIdx.x, bh, rank);
+  const int b = bh / p.H;
+  const int h = bh % p.H;
+  const int n0 = rank * BN;     // rank 0: key block 0, the most query tiles
+  const int m_begin = n0 / BM;  // first query tile holding a query >= the block's first key
+  const int m_end = (T + BM - 1) / BM;
+  const float* lse = p.lse + static_cast<int64_t>(bh) * T;
+  const float* dsum = p.dsum + static_cast<int64_t>(bh) * T;
+
+  if (tid == Cfg::kConsumerThreads) {
+    tma::prefetch_map(&params.q);
+    tma::prefetch_map(&params.k);
+    tma::prefetch_map(&params.v);
+    tma::prefetch_map(&params.dout);
+    tma::prefetch_map(&params.dq);
+    tma::barrier_init(bar_kv, 1);
+    for (int s = 0; s < 2; ++s) {
+      tma::barrier_init(q_full(s), 1 + 32);  // the TMA bytes' arrival + the lse / D warp
+      tma::barrier_init(q_empty(s), Cfg::kConsumerThreads);
+    }
+    tma::fence_barrier_init();
+  }
+  __syncthreads();  // the only CTA-wide barrier
+
+  if (tid >= Cfg::kConsumerThreads) {
+    wg::set_max_registers_dec<Cfg::kProducerRegs>();
+    // Producer: its first warp. Lane 0 issues the TMA loads of K and V (once) and of Q and dO per
+    // query tile; all 32 lanes copy the tile's lse and D (rows >= T as 0) and then arrive, so the
+    // tile's "full" barrier completes when both the bytes and the 32 arrivals are in. Tile it
+    // goes to stage it % 2; from it = 2 on it waits for the consumers' release of that stage.
+    if (tid < Cfg::kConsumerThreads + 32) {
+      const int lane = tid & 31;
+      if (lane == 0) {
+        tma::arrive_expect_tx(bar_kv, 2 * Cfg::kTileKV);
+        tma::load_head_tile<BN, D>(sK, &params.k, bar_kv, b, h, n0);
+        tma::load_head_tile<BN, D>(sV, &params.v, bar_kv, b, h, n0);
+      }
+      for (int m = m_begin, it = 0; m < m_end; ++m, ++it) {
+        const int stage = it & 1;
+        const int m0 = m * BM;
+        if (it >= 2) tma::wait(q_empty(stage), ((it >> 1) - 1) & 1);
+        if (lane == 0) {
+          tma::arrive_expect_tx(q_full(stage), 2 * Cfg::kTileQ);
+          tma::load_head_tile<BM, D>(sQ + stage * Cfg::kTileQ, &params.q, q_full(stage), b, h, m0);
+          tma::load_head_tile<BM, D>(sdO + stage * Cfg::kTileQ, &params.dout, q_full(stage), b, h,
+                                     m0);
+        }
+        for (int i = lane; i < BM; i += 32) {
+          const bool valid = m0 + i < T;
+          sL[stage * BM + i] = valid ? lse[m0 + i] : 0.f;
+          sDs[stage * BM + i] = valid ? dsum[m0 + i] : 0.f;
+        }
+        tma::arrive(q_full(stage));
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  wg::set_max_registers_inc<Cfg::kConsumerRegs>();
   const int wgi = tid >> 7;    // warpgroup (0 or 1)
   const int wtid = tid & 127;  // thread within the warpgroup
   const int warp = wtid >> 5;  // warp within the warpgroup
   const int lane = tid & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int T = p.T;
-  const int bh = blockIdx.x;
-  const int b = bh / p.H;
-  const int h = bh % p.H;
-  const int n0 = blockIdx.y * BN;
   const int64_t ld = static_cast<int64_t>(p.H) * D;
   const int64_t head_off = static_cast<int64_t>(b) * T * ld + static_cast<int64_t>(h) * D;
-  const bf16* q = p.q + head_off;
-  const bf16* k = p.k + head_off;
-  const bf16* v = p.v + head_off;
-  const bf16* dout = p.dout + head_off;
-  const float* lse = p.lse + static_cast<int64_t>(bh) * T;
-  const float* dsum = p.dsum + static_cast<int64_t>(bh) * T;
-  float* dq_acc = p.dq_acc + head_off;
-  const int m_begin = n0 / BM;  // first query tile holding a query >= the block's first key
-  const int m_end = (T + BM - 1) / BM;
+  unsigned char* const dq_buf = s_base_ptr + Cfg::kOffDQ + wgi * Cfg::kDqBytes;
+  const uint32_t sdQ = s_base + Cfg::kOffDQ + wgi * Cfg::kDqBytes;
   const int key_wg = n0 + wgi * 64;            // first key of this warpgroup
   const int key_l = wgi * 64 + warp * 16 + g;  // this thread's key rows in the block: key_l, +8
-
-  auto load_query_tile = [&](int m, int stage) {
-    const int m0 = m * BM;
-    wg::load_tile_sw128<BM, D, kThreads>(sQ + stage * Cfg::kTileQ, q + m0 * ld, ld, T - m0, tid);
-    wg::load_tile_sw128<BM, D, kThreads>(sdO + stage * Cfg::kTileQ, dout + m0 * ld, ld, T - m0,
-                                         tid);
-    load_vec_async<BM, kThreads>(sL + stage * BM, lse + m0, T - m0, tid);
-    load_vec_async<BM, kThreads>(sDs + stage * BM, dsum + m0, T - m0, tid);
-  };
-  wg::load_tile_sw128<BN, D, kThreads>(sK, k + n0 * ld, ld, T - n0, tid);
-  wg::load_tile_sw128<BN, D, kThreads>(sV, v + n0 * ld, ld, T - n0, tid);
-  load_query_tile(m_begin, 0);
-  cp_async_commit();
 
   // Descriptors (SW128, wgmma.cuh).
   //  K-major A of S^T / dP^T: this warpgroup's 64 key rows of K / V (row 64w starts at byte
@@ -205,20 +281,15 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
                    wg::desc_advance(desc_do_mn, q_off + wg::mnmajor_chunk_offset(kk)), 1);
   };
 
+  tma::wait(bar_kv, 0);
   for (int m = m_begin, it = 0; m < m_end; ++m, ++it) {
     const int stage = it & 1;
     const int m0 = m * BM;
-    // This tile landed for every thread and is handed to the async proxy; the barrier also
-    // guarantees every warpgroup finished all wgmma of the previous tile (they were waited on),
-    // so the other stage and the dS^T tile may be overwritten.
-    cp_async_wait<0>();
-    wg::fence_proxy_async_shared();
-    __syncthreads();
-    if (m + 1 < m_end) {
-      load_query_tile(m + 1, stage ^ 1);
-      cp_async_commit();
-    }
+    tma::wait(q_full(stage), (it >> 1) & 1);
     const uint32_t q_off = stage * Cfg::kTileQ;
+    // dS^T has two buffers too: a warpgroup may write tile it + 1's while the other still reads
+    // tile it's in its dQ product; the barrier before dQ keeps them within one tile of each other.
+    const uint32_t ds_off = stage * Cfg::kDsBytes;
     const float* sLs = sL + stage * BM;
     const float* sDss = sDs + stage * BM;
 
@@ -342,7 +413,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
       for (int j = 0; j < 4; ++j) {
         const int row = key_l + 8 * (j & 1);
         const int col = 16 * kk + 8 * (j >> 1) + 2 * t;
-        *reinterpret_cast<uint32_t*>(sdS_ptr + wg::sw128_offset<BN>(row, col)) = da[kk][j];
+        *reinterpret_cast<uint32_t*>(sdS_ptr + ds_off + wg::sw128_offset<BN>(row, col)) = da[kk][j];
       }
 #pragma unroll
     for (int kk = 0; kk < kKM; ++kk)
@@ -363,16 +434,17 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
                    wg::desc_advance(desc_q_mn, q_off + wg::mnmajor_chunk_offset(kk)), 1);
     wg::commit_group();
 
-    // Publish dS^T (generic-proxy stores) to both warpgroups' wgmma (async proxy).
+    // Publish dS^T (generic-proxy stores) to both warpgroups' wgmma (async proxy); the producer
+    // does not take part.
     wg::fence_proxy_async_shared();
-    __syncthreads();
+    wg::named_barrier(kConsumersBarrier, Cfg::kConsumerThreads);
 
     // dQ share = dS K over the block's 128 keys. k-chunk kk = keys 16kk .. 16kk+15 = rows 16kk..
     // of the dS^T panel and of the K panel: + 16kk * 128 bytes on both descriptors.
     float dq[32];
 #pragma unroll
     for (int kk = 0; kk < kKN; ++kk) {
-      const uint64_t da_desc = wg::desc_advance(desc_ds, wg::mnmajor_chunk_offset(kk));
+      const uint64_t da_desc = wg::desc_advance(desc_ds, ds_off + wg::mnmajor_chunk_offset(kk));
       const uint64_t db_desc = wg::desc_advance(desc_k_mn, wg::mnmajor_chunk_offset(kk));
       if (kk == 0) {
         MmaQ::ss_tt_overwrite(dq, da_desc, db_desc);
@@ -392,26 +464,45 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
         wg::fence_operand(pa[kk][j]);
         wg::fence_operand(da[kk][j]);
       }
+    // Every read of this stage (Q, dO by the products, lse and D) is done: release it.
+    tma::arrive(q_empty(stage));
 
-      // dq[4i + e] = dQ[m0 + dq_row0 + 16 warp + g + 8 (e >> 1)][dq_col0 + 8i + 2t + (e & 1)].
+    // dq[4i + e] = dQ[m0 + dq_row0 + 16 warp + g + 8 (e >> 1)][dq_col0 + 8i + 2t + (e & 1)].
+    // The share goes to this warpgroup's buffer as two SW128 panels of 32 fp32 columns (16-byte
+    // chunk c of row r at chunk position c ^ (r % 8): a warp's float2 stores fill all 32 banks
+    // twice, no conflict), and one thread adds it into dq_acc with a TMA reduction, which leaves
+    // rows >= T out. Per-element atomics from every thread cost the kernel about 30% here.
+    if (wtid == 0) tma::bulk_wait_group_read<0>();  // the previous tile's reduction read it
+    wg::named_barrier(1 + wgi, 128);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = m0 + dq_row0 + warp * 16 + g + r * 8;
-      if (row >= T) continue;
-      float* dst = dq_acc + row * ld + dq_col0 + 2 * t;
+      const int row = warp * 16 + g + r * 8;
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        red_add_f32x2(dst + i * 8, dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+      for (int i = 0; i < 8; ++i) {
+        const int col = 8 * i + 2 * t;
+        const uint32_t off = (col >> 5) * Cfg::kDqPanel + row * 128 +
+                             ((((col & 31) >> 2) ^ (row & 7)) << 4) + (col & 3) * 4;
+        *reinterpret_cast<float2*>(dq_buf + off) =
+            make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+      }
+    }
+    wg::fence_proxy_async_shared();
+    wg::named_barrier(1 + wgi, 128);
+    if (wtid == 0) {
+      tma::reduce_add_4d(&params.dq, sdQ, dq_col0, h, m0 + dq_row0, b);
+      tma::reduce_add_4d(&params.dq, sdQ + Cfg::kDqPanel, dq_col0 + 32, h, m0 + dq_row0, b);
+      tma::bulk_commit_group();
     }
   }
 
-  // Epilogue. Every wgmma of both warpgroups (the last dQ product reads all of K) completed before
-  // the barrier; the proxy fence orders those async-proxy reads before the generic writes below.
+  // Epilogue. Every wgmma of both consumer warpgroups (the last dQ product reads all of K)
+  // completed before the barrier; the proxy fence orders those async-proxy reads before the
+  // generic writes below.
   // Each warpgroup stages its 64 rows of dK (scaled) and dV as bf16 in the K / V tiles (same
   // swizzled layout: the 8 rows g of a warp hit 8 different chunk positions, conflict-free), then
   // copies them out in 16-byte chunks.
   wg::fence_proxy_async_shared();
-  __syncthreads();
+  wg::named_barrier(kConsumersBarrier, Cfg::kConsumerThreads);
   unsigned char* const sK_ptr = s_base_ptr + Cfg::kOffK;
   unsigned char* const sV_ptr = s_base_ptr + Cfg::kOffV;
 #pragma unroll
@@ -429,6 +520,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   wg::named_barrier(1 + wgi, 128);  // this warpgroup's rows are staged
   wg::store_rows_sw128<BN, D>(p.dk + head_off + n0 * ld, ld, sK_ptr, wgi * 64, T - n0, wtid);
   wg::store_rows_sw128<BN, D>(p.dv + head_off + n0 * ld, ld, sV_ptr, wgi * 64, T - n0, wtid);
+  if (wtid == 0) tma::bulk_wait_group<0>();  // the last reduction is done with shared memory
 #else
   // Built for an architecture without wgmma: never launched (flash_attention_uses_wgmma is false).
   __trap();
@@ -436,10 +528,23 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 }
 
 template <int D>
-void launch(const BwdParams& p, int B, cudaStream_t stream) {
+void launch(const BwdParams& f, int B, cudaStream_t stream) {
   using Cfg = Config<D>;
-  launch_over_heads<flash_wgmma_bwd_kernel<D>>(p, B, Cfg::kBlockN, Cfg::kThreads, Cfg::kSmemBytes,
-                                               stream, "flash_wgmma_bwd_kernel");
+  static std::atomic<uint64_t> configured{0};
+  ensure_smem_limit(flash_wgmma_bwd_kernel<D>, Cfg::kSmemBytes, configured);
+  Params p;
+  p.q = tma::head_tile_map(f.q, B, f.T, f.H, D, Cfg::kBlockM);
+  p.dout = tma::head_tile_map(f.dout, B, f.T, f.H, D, Cfg::kBlockM);
+  p.k = tma::head_tile_map(f.k, B, f.T, f.H, D, Cfg::kBlockN);
+  p.v = tma::head_tile_map(f.v, B, f.T, f.H, D, Cfg::kBlockN);
+  p.dq = tma::head_tile_map_f32(f.dq_acc, B, f.T, f.H, D, 64);
+  p.f = f;
+  // The working set of a head: its fp32 dQ accumulator (read-modify-written by every key block),
+  // Q and dO.
+  p.order = head_order(B, f.H, f.T, Cfg::kBlockN, D * 4 + 2 * D * 2, "flash attention backward");
+  const unsigned grid = static_cast<unsigned>(p.order.blocks) * p.order.heads;
+  flash_wgmma_bwd_kernel<D><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH("flash_wgmma_bwd_kernel");
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 //   lse: fp32 (B, H, T), natural-log logsumexp of the scaled, causally masked scores;
 //   dsum: fp32 (B, H, T), D = rowsum(dO * O) (flash_bwd_dot_do_o_kernel);
 //   dq_acc: fp32 (B, T, H, dh), zeroed before the call; receives dS K UNSCALED through fp32
-//           atomics (the caller then multiplies by 1/sqrt(dh) and converts to bf16);
+//           TMA reductions (the caller then multiplies by 1/sqrt(dh) and converts to bf16);
 //   dk = dS^T Q / sqrt(dh), dv = P^T dO: bf16 (B, T, H*dh), overwritten (rows < T only).
 #pragma once
 
@@ -18,7 +18,7 @@
 namespace trainer::cuda::flash {
 
 // Queues the main backward kernel on `stream` (no sync); p.scale = 1/sqrt(head_dim). head_dim 64
-// or 128; q, k, v, dout, dk, dv 16-byte aligned; lse, dsum 4-byte; dq_acc 8-byte aligned; a
+// or 128; q, k, v, dout, dk, dv, dq_acc 16-byte aligned; lse, dsum 4-byte; a
 // compute capability 9.0 device and a build for sm_90a (elsewhere the kernel traps).
 void flash_wgmma_backward_main(const BwdParams& p, int B, int head_dim, cudaStream_t stream);
 
