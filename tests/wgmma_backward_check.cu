@@ -11,7 +11,7 @@
 //      4-byte st.shared through the kernel's swizzle addressing + fence.proxy.async (exactly how
 //      the kernel writes dS^T) and B loaded by cp.async. Results go through the claimed
 //      accumulator layout, so a wrong assumption shows up here in isolation;
-//   1. correctness: B = 2, H = 3, T in {1, 17, 64, 100, 1000, 1024} x dh in {64, 128}, random
+//   1. correctness: B = 2, H = 3, T in {1, 17, 64, 100, 1000, 1024} x dh in {64, 80, 128}, random
 //      q, k, v, dO; o and lse from the FA2 forward (flash_attention_forward, kMmaSync); the full
 //      backward with the new main kernel (flash_attention_backward, kAuto) and the FA2 backward
 //      (kMmaSync) are compared with an fp32 reference backward
@@ -19,8 +19,8 @@
 //      workspace are poisoned with NaN bytes before every run. Pass: max_abs_err / max|ref| < 2e-2
 //      for each of dq, dk, dv (new vs reference and new vs FA2), everything finite, guards intact;
 //   2. timing of the whole backward (D + memset + main + convert), new vs existing, B = 4, H = 16,
-//      T in {1024 .. 16384}, dh in {64, 128}: CUDA events, 5 warm-up, median of 20; TFLOP/s with
-//      FLOPs = 2.5 * 4 * B * H * T^2 * dh / 2; plus a cross-check of the two outputs.
+//      T in {1024 .. 16384}, dh in {64, 80, 128}: CUDA events, 5 warm-up, median of 20; TFLOP/s
+//      with FLOPs = 2.5 * 4 * B * H * T^2 * dh / 2; plus a cross-check of the two outputs.
 // Exit status: 0 all passed, 1 some check failed, 2 CUDA error, 3 a kernel did not finish in time.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -489,7 +489,7 @@ void timing(cudaStream_t stream) {
       B, H);
   std::printf("%4s %6s | %10s %8s | %10s %8s | %7s | %s\n", "dh", "T", "new ms", "TFLOP/s",
               "FA2 ms", "TFLOP/s", "speedup", "new vs FA2 rel (dq, dk, dv)");
-  for (int D : {64, 128}) {
+  for (int D : {64, 80, 128}) {
     for (int T : {1024, 2048, 4096, 8192, 16384}) {
       const double flops = 2.5 * 4.0 * B * H * static_cast<double>(T) * T * D / 2.0;
       trainer::cuda::flash_attention_forward(q, k, v, o, lse, B, T, H, D, stream, kMmaSync);
@@ -552,7 +552,7 @@ int main() {
   std::printf(
       "\n1. correctness vs fp32 reference and vs FA2 backward (B=2, H=3; pass: rel < 2e-2 for "
       "dq, dk, dv)\n");
-  for (int D : {64, 128})
+  for (int D : {64, 80, 128})
     for (int T : {1, 17, 64, 100, 1000, 1024}) correctness_case(T, D, stream);
 
   if (g_failures > 0)

@@ -789,7 +789,7 @@ bool flash_attention_supports(int head_dim) {
 bool flash_attention_uses_wgmma(int head_dim, bool backward) {
 #ifdef TRAINER_SM90A
   (void)backward;  // both directions have Hopper kernels at the same head dims
-  return (head_dim == 64 || head_dim == 128) && flash::current_device_is_sm90();
+  return (head_dim == 64 || head_dim == 80 || head_dim == 128) && flash::current_device_is_sm90();
 #else
   (void)head_dim;
   (void)backward;

@@ -16,12 +16,12 @@ namespace trainer::cuda {
 bool flash_attention_supports(int head_dim);
 
 // Which kernels run. Every head dim has FlashAttention-2 kernels on mma.sync (any GPU from sm_80
-// on). Hopper also has warpgroup-MMA kernels for head dims 64 and 128, which kAuto runs there
+// on). Hopper also has warpgroup-MMA kernels for head dims 64, 80 and 128, which kAuto runs there
 // (H200, B=4, H=16, causal, T 1024..16384):
 //   forward (flash/tma_forward.cu, TMA producer + pipelined wgmma consumers): 1.09-1.39x faster
-//     than FA2 at head dim 64, 1.69-2.59x at 128;
+//     than FA2 at head dim 64, 1.25-1.80x at 80, 1.69-2.59x at 128;
 //   backward (flash/wgmma_backward.cu, TMA producer, dQ by TMA reductions): the whole backward
-//     1.47-1.85x faster than FA2's at head dim 64, 1.53-1.92x at 128.
+//     1.47-1.85x faster than FA2's at head dim 64, 1.32-1.58x at 80, 1.53-1.92x at 128.
 // kMmaSync always runs the FA2 kernels (tests and benchmarks keep that path covered on Hopper).
 // Both agree to bf16 rounding (the tests hold them to the same tolerances); the backward's D and
 // dq-conversion kernels and its workspace are the same either way.
@@ -29,7 +29,7 @@ enum class FlashKernels { kAuto, kMmaSync };
 
 // True when kAuto runs a Hopper kernel for this head dim (forward or backward): the build targets
 // sm_90a (TRAINER_SM90A, set when CMAKE_CUDA_ARCHITECTURES lists 90a), the current device has
-// compute capability exactly 9.0, and the head dim is 64 or 128.
+// compute capability exactly 9.0, and the head dim is 64, 80 or 128.
 bool flash_attention_uses_wgmma(int head_dim, bool backward);
 
 // o and lse are overwritten; lse feeds the backward. Work is queued on `stream` (no sync).

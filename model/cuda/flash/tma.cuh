@@ -74,14 +74,15 @@ __device__ __forceinline__ void load_4d(uint32_t dst, const CUtensorMap* map, ui
       : "memory");
 }
 
-// Loads rows [row0, row0 + kRows) x all kCols columns of head h of batch b as kCols / 64 SW128
-// panels of kRows x 64 at dst, dst + kRows * 128, ... (dst 1024-byte aligned). Rows >= T are
-// zero-filled by the copy engine; the barrier still counts kRows * kCols * 2 bytes.
+// Loads rows [row0, row0 + kRows) x all kCols columns of head h of batch b as ceil(kCols / 64)
+// SW128 panels of kRows x 64 at dst, dst + kRows * 128, ... (dst 1024-byte aligned). Rows >= T and
+// columns >= kCols (head dim 80: the second panel's last 48) are zero-filled by the copy engine;
+// the barrier counts whole panels, kRows * 128 bytes each.
 template <int kRows, int kCols>
 __device__ __forceinline__ void load_head_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
                                                int b, int h, int row0) {
 #pragma unroll
-  for (int panel = 0; panel < kCols / 64; ++panel)
+  for (int panel = 0; panel < (kCols + 63) / 64; ++panel)
     load_4d(dst + panel * kRows * 128, map, bar, panel * 64, h, row0, b);
 }
 

@@ -24,8 +24,9 @@
 // The rescale waits for the product in flight because that product accumulates into O at the
 // old maximum. Registers at the peak: O (dh/2 floats), S_j (64 floats), P_{j-1} (32 words).
 //
-// Shared memory: Q 128*dh*2, K and V 2 stages of 128*dh*2 each, 9 barriers, + 1 KB to align the
-// base to 1024: 81 KB (dh 64) / 161 KB (dh 128).
+// Shared memory: Q 128*dh*2, K and V 2 stages of 128*dh*2 each (dh rounded up to whole 64-column
+// panels: head dim 80 uses two, the second zero beyond column 80), 9 barriers, + 1 KB to align
+// the base to 1024: 81 KB (dh 64) / 161 KB (dh 80, 128).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -68,14 +69,15 @@ struct Config {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static constexpr int kStages = 2;
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // one K or one V tile
-  static constexpr int kOffK = kQBytes;                      // stage s at + s * kTileBytes
+  static constexpr int kPanels = (kHeadDim + 63) / 64;  // 64-column SW128 panels per row
+  static constexpr int kQBytes = kBlockM * kPanels * 128;
+  static constexpr int kTileBytes = kBlockN * kPanels * 128;  // one K or one V tile
+  static constexpr int kOffK = kQBytes;                       // stage s at + s * kTileBytes
   static constexpr int kOffV = kOffK + kStages * kTileBytes;
   static constexpr int kOffBar = kOffV + kStages * kTileBytes;
   static constexpr int kBarriers = 1 + 4 * kStages;  // Q full; K full, K empty, V full, V empty
   static constexpr int kSmemBytes = kOffBar + kBarriers * 8 + 1024;
-  static_assert(kHeadDim % 64 == 0, "tiles are whole 64-column swizzle panels");
+  static_assert(kHeadDim % 16 == 0, "whole k-chunks of S = Q K^T and wgmma N of O += P V");
   static_assert(kBlockM == kBlockN, "only the first (diagonal) tile needs the causal mask");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
 };
@@ -346,9 +348,12 @@ void launch(const FwdParams& f, int B, cudaStream_t stream) {
 }  // namespace flash::tmafwd
 
 void flash::flash_tma_forward(const FwdParams& p, int B, int head_dim, cudaStream_t stream) {
-  TRAINER_CHECK(head_dim == 64 || head_dim == 128, "TMA forward: head dim {}", head_dim);
+  TRAINER_CHECK(head_dim == 64 || head_dim == 80 || head_dim == 128, "TMA forward: head dim {}",
+                head_dim);
   if (head_dim == 64) {
     tmafwd::launch<64>(p, B, stream);
+  } else if (head_dim == 80) {
+    tmafwd::launch<80>(p, B, stream);
   } else {
     tmafwd::launch<128>(p, B, stream);
   }

@@ -10,8 +10,8 @@
 
 namespace trainer::cuda::flash {
 
-// p.o and p.lse are overwritten; work is queued on `stream` (no sync). head_dim 64 or 128; q, k,
-// v, o 16-byte aligned, lse 4-byte aligned; a compute capability 9.0 device and a build for
+// p.o and p.lse are overwritten; work is queued on `stream` (no sync). head_dim 64, 80 or 128; q,
+// k, v, o 16-byte aligned, lse 4-byte aligned; a compute capability 9.0 device and a build for
 // sm_90a (elsewhere the kernel traps). Builds three TMA descriptors on the host per call.
 void flash_tma_forward(const FwdParams& p, int B, int head_dim, cudaStream_t stream);
 

@@ -226,6 +226,9 @@ __device__ __forceinline__ void store_rows_sw128(bf16* gmem, int64_t ld, const u
 // need not be live) and the matching PTX vector "{%0, ..., %(N/2 - 1)}".
 #define TRAINER_WG_ACC_8(C, i) \
   C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3]), C(d[i + 4]), C(d[i + 5]), C(d[i + 6]), C(d[i + 7])
+#define TRAINER_WG_ACC_40(C)                                               \
+  TRAINER_WG_ACC_8(C, 0), TRAINER_WG_ACC_8(C, 8), TRAINER_WG_ACC_8(C, 16), \
+      TRAINER_WG_ACC_8(C, 24), TRAINER_WG_ACC_8(C, 32)
 #define TRAINER_WG_ACC_32(C) \
   TRAINER_WG_ACC_8(C, 0), TRAINER_WG_ACC_8(C, 8), TRAINER_WG_ACC_8(C, 16), TRAINER_WG_ACC_8(C, 24)
 #define TRAINER_WG_ACC_64(C)                                                                       \
@@ -234,6 +237,10 @@ __device__ __forceinline__ void store_rows_sw128(bf16* gmem, int64_t ld, const u
 #define TRAINER_WG_ACC_REGS_32                                                                  \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define TRAINER_WG_ACC_REGS_40                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39}"
 #define TRAINER_WG_ACC_REGS_64                                                                  \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
@@ -318,6 +325,26 @@ struct Wgmma<64> {
   }
 };
 
+// N = 80 (head dim 80: O += P V only).
+template <>
+struct Wgmma<80> {
+  static constexpr int kAccRegs = 40;
+
+  // D (+)= A * B with A (64 x 16) in registers and B (16 x 80) MN-major in shared memory (80
+  // columns = one 64-column SW128 panel and 16 columns of the next, LBO apart).
+  __device__ __forceinline__ static void rs_mn(float (&d)[40], const uint32_t (&a)[4],
+                                               uint64_t b_desc, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 " TRAINER_WG_ACC_REGS_40
+        ", "
+        "{%40, %41, %42, %43}, %44, p, 1, 1, 1;\n}\n"
+        : TRAINER_WG_ACC_40("+f")
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d)
+        : "memory");
+  }
+};
+
 template <>
 struct Wgmma<128> {
   static constexpr int kAccRegs = 64;
@@ -382,8 +409,10 @@ __device__ __forceinline__ void ss_kmajor(float (&d)[N / 2], uint64_t desc_a, ui
 
 #undef TRAINER_WG_ACC_8
 #undef TRAINER_WG_ACC_32
+#undef TRAINER_WG_ACC_40
 #undef TRAINER_WG_ACC_64
 #undef TRAINER_WG_ACC_REGS_32
+#undef TRAINER_WG_ACC_REGS_40
 #undef TRAINER_WG_ACC_REGS_64
 
 }  // namespace trainer::cuda::flash::wg

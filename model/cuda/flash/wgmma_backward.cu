@@ -1,6 +1,6 @@
 // Causal attention backward for Hopper (sm_90a) on warpgroup MMA (wgmma.mma_async):
 // the main kernel of the FlashAttention-2 backward (flash_bwd_kernel in flash_attention.cu) with
-// the same inputs, outputs and conventions; see wgmma_backward.h. Head dims 64 and 128.
+// the same inputs, outputs and conventions; see wgmma_backward.h. Head dims 64, 80 and 128.
 //
 // Notation for one (b, h): scale = 1/sqrt(dh), S = scale Q K^T (causal), P = exp(S - lse),
 //   dV = P^T dO,  dP = dO V^T,  dS = P o (dP - D),  dQ = scale dS K,  dK = scale dS^T Q.
@@ -32,13 +32,15 @@
 //     dq_acc with a TMA reduction (cp.reduce.async.bulk.tensor, add): per-element atomics from
 //     every thread cost about 30% of the kernel at long T, the bulk reduction about 10%.
 //   * The dQ tile (BM x dh) is split so that each warpgroup does one m64n64 product over all 128
-//     keys: dh 128 (BM 64): warpgroup w takes dh columns [64w, 64w + 64) = K panel w;
+//     keys: dh 128 (BM 64): warpgroup w takes dh columns [64w, 64w + 64) = K panel w (dh 80 the
+//     same, K's panel 1 zero beyond column 80, and warpgroup 1's columns >= 80 not written back);
 //     dh 64 (BM 128): warpgroup w takes queries [64w, 64w + 64) = dS^T panel w. Both halves need
 //     the dS^T of both warpgroups, hence the barrier (which also keeps the warpgroups within one
 //     tile of each other, so two dS^T buffers suffice).
-//   * Tiles: dh 128 uses BM = 64 (S^T and dP^T are 32 floats per thread each, dK + dV 128);
+//   * Tiles: dh 128 and 80 use BM = 64 (S^T and dP^T are 32 floats per thread each, dK + dV 128
+//     or 80); tiles of dh 80 are stored as two 64-column panels, the second zero beyond column 80;
 //     dh 64 uses BM = 128 (S^T, dP^T 64 each, dK + dV 64). Either way ~192 accumulator floats
-//     per thread at the peak; ptxas -v: none spilled at dh 128, 16 bytes at dh 64.
+//     per thread at the peak; ptxas -v: nothing spilled at dh 80 and 128, 4 bytes at dh 64.
 //   * Shared memory (bf16 tiles SW128 in 64-column panels, 1024-byte aligned, see wgmma.cuh):
 //     K, V 128 x dh each; 2 stages of Q and dO (BM x dh); 2 dS^T buffers 128 x BM; 2 dQ shares
 //     64 x 64 fp32 (SW128 panels of 32 columns); 2 stages of lse, D; 5 mbarriers.
@@ -77,8 +79,9 @@ struct ConfigBase {
   static constexpr int kConsumerRegs = 240;
   static constexpr int kPanelKV = kBlockN * 128;  // bytes of one 64-column panel of K / V / dS^T
   static constexpr int kPanelQ = kBlockM * 128;   // bytes of one 64-column panel of Q / dO
-  static constexpr int kTileKV = kBlockN * kHeadDim * 2;
-  static constexpr int kTileQ = kBlockM * kHeadDim * 2;
+  static constexpr int kPanels = (kHeadDim + 63) / 64;  // 64-column SW128 panels per row
+  static constexpr int kTileKV = kBlockN * kPanels * 128;
+  static constexpr int kTileQ = kBlockM * kPanels * 128;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kDqBytes = 64 * 64 * 4;  // one warpgroup's fp32 dQ share
   static constexpr int kDqPanel = 64 * 128;     // 32 fp32 columns of it (one SW128 panel)
@@ -102,8 +105,8 @@ struct ConfigBase {
   // packed to bf16 (no S^T / dP^T overlap), and dS^T uses that bf16 copy of P^T. Needed at
   // BM = 128 to stay within the consumers' registers.
   static constexpr bool kEarlyP = kBlockM == 128;
-  static_assert(kHeadDim % 64 == 0 && kBlockM % 64 == 0, "tiles are whole 64-column panels");
-  static_assert(kDqSplitRows ? (kHeadDim == 64) : (kBlockM == 64 && kHeadDim == 128),
+  static_assert(kHeadDim % 16 == 0 && kBlockM % 64 == 0, "whole k-chunks, whole query panels");
+  static_assert(kDqSplitRows ? (kHeadDim == 64) : (kBlockM == 64 && kPanels == 2),
                 "each warpgroup's share of the dQ tile is one 64 x 64 block");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
 };
@@ -113,6 +116,8 @@ template <int D>
 struct Config;
 template <>
 struct Config<64> : ConfigBase<64, 128> {};
+template <>
+struct Config<80> : ConfigBase<80, 64> {};
 template <>
 struct Config<128> : ConfigBase<128, 64> {};
 
@@ -490,7 +495,8 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     wg::named_barrier(1 + wgi, 128);
     if (wtid == 0) {
       tma::reduce_add_4d(&params.dq, sdQ, dq_col0, h, m0 + dq_row0, b);
-      tma::reduce_add_4d(&params.dq, sdQ + Cfg::kDqPanel, dq_col0 + 32, h, m0 + dq_row0, b);
+      if (dq_col0 + 32 < D)  // head dim 80: warpgroup 1's columns 96.. lie outside dQ
+        tma::reduce_add_4d(&params.dq, sdQ + Cfg::kDqPanel, dq_col0 + 32, h, m0 + dq_row0, b);
       tma::bulk_commit_group();
     }
   }
@@ -552,9 +558,12 @@ void launch(const BwdParams& f, int B, cudaStream_t stream) {
 
 void flash::flash_wgmma_backward_main(const BwdParams& p, int B, int head_dim,
                                       cudaStream_t stream) {
-  TRAINER_CHECK(head_dim == 64 || head_dim == 128, "wgmma backward: head dim {}", head_dim);
+  TRAINER_CHECK(head_dim == 64 || head_dim == 80 || head_dim == 128, "wgmma backward: head dim {}",
+                head_dim);
   if (head_dim == 64) {
     wgbwd::launch<64>(p, B, stream);
+  } else if (head_dim == 80) {
+    wgbwd::launch<80>(p, B, stream);
   } else {
     wgbwd::launch<128>(p, B, stream);
   }

@@ -17,8 +17,8 @@
 
 namespace trainer::cuda::flash {
 
-// Queues the main backward kernel on `stream` (no sync); p.scale = 1/sqrt(head_dim). head_dim 64
-// or 128; q, k, v, dout, dk, dv, dq_acc 16-byte aligned; lse, dsum 4-byte; a
+// Queues the main backward kernel on `stream` (no sync); p.scale = 1/sqrt(head_dim). head_dim 64,
+// 80 or 128; q, k, v, dout, dk, dv, dq_acc 16-byte aligned; lse, dsum 4-byte; a
 // compute capability 9.0 device and a build for sm_90a (elsewhere the kernel traps).
 void flash_wgmma_backward_main(const BwdParams& p, int B, int head_dim, cudaStream_t stream);
 
