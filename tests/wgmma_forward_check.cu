@@ -39,16 +39,19 @@ namespace fl = trainer::cuda::flash;
 namespace wgh = trainer::cuda::flash::wg;
 constexpr auto kMmaSync = trainer::cuda::FlashKernels::kMmaSync;
 
-// The TMA / warp-specialised forward (model/cuda/flash/tma_forward.cu).
+// The TMA / warp-specialised forward (model/cuda/flash/tma_forward.cu), with or without the
+// ping-pong turns of its two consumer warpgroups.
 void tma_forward(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, int B, int T,
-                 int H, int D, cudaStream_t stream) {
+                 int H, int D, cudaStream_t stream, bool ping_pong) {
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   fl::flash_tma_forward(fl::FwdParams{q, k, v, o, lse, T, H, scale, scale * fl::kLog2e}, B, D,
-                        stream);
+                        stream, ping_pong);
 }
 
-enum class Kernel { kFa2, kTma };
-const char* name_of(Kernel kernel) { return kernel == Kernel::kFa2 ? "FA2" : "TMA"; }
+enum class Kernel { kFa2, kTma, kPingPong };
+const char* name_of(Kernel kernel) {
+  return kernel == Kernel::kFa2 ? "FA2" : kernel == Kernel::kTma ? "TMA" : "TMApp";
+}
 void run_forward(Kernel kernel, const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
                  int B, int T, int H, int D, cudaStream_t stream) {
   switch (kernel) {
@@ -56,7 +59,10 @@ void run_forward(Kernel kernel, const bf16* q, const bf16* k, const bf16* v, bf1
       trainer::cuda::flash_attention_forward(q, k, v, o, lse, B, T, H, D, stream, kMmaSync);
       break;
     case Kernel::kTma:
-      tma_forward(q, k, v, o, lse, B, T, H, D, stream);
+      tma_forward(q, k, v, o, lse, B, T, H, D, stream, false);
+      break;
+    case Kernel::kPingPong:
+      tma_forward(q, k, v, o, lse, B, T, H, D, stream, true);
       break;
   }
 }
@@ -374,8 +380,7 @@ void correctness_case(int T, int D, cudaStream_t stream) {
   };
 
   const Errors fa2 = run(Kernel::kFa2);
-  {
-    const Kernel kernel = Kernel::kTma;
+  for (Kernel kernel : {Kernel::kTma, Kernel::kPingPong}) {
     const Errors e = run(kernel);
     const bool ok = errors_ok(e);
     std::printf(
@@ -429,23 +434,22 @@ void timing(cudaStream_t stream) {
   for (int D : {64, 80, 128}) {
     for (int T : {1024, 2048, 4096, 8192, 16384}) {
       const double flops = 4.0 * B * H * static_cast<double>(T) * T * D / 2.0;
-      double ms[2];
-      for (Kernel kernel : {Kernel::kTma, Kernel::kFa2}) {
+      double ms[3];
+      for (Kernel kernel : {Kernel::kTma, Kernel::kPingPong, Kernel::kFa2}) {
         bf16* o = kernel == Kernel::kFa2 ? o_fa2 : o_new;
         float* lse = kernel == Kernel::kFa2 ? lse_fa2 : lse_new;
         ms[static_cast<int>(kernel)] =
             median_ms([&] { run_forward(kernel, q, k, v, o, lse, B, T, H, D, stream); }, stream,
                       name_of(kernel));
       }
-      std::printf("%4d %6d | %10.3f %8.1f | %10.3f %8.1f | %6.2fx |", D, T, ms[1],
-                  flops / ms[1] * 1e-9, ms[0], flops / ms[0] * 1e-9, ms[0] / ms[1]);
+      std::printf("%4d %6d | %10.3f %8.1f | pp %8.3f | %10.3f %8.1f | %6.2fx |", D, T, ms[1],
+                  flops / ms[1] * 1e-9, ms[2], ms[0], flops / ms[0] * 1e-9, ms[0] / ms[1]);
       // Cross-check of each Hopper kernel's output against FA2's on the timed shape.
       const size_t n = static_cast<size_t>(B) * T * H * D;
       const size_t nl = static_cast<size_t>(B) * H * T;
       const auto b = dev_download(o_fa2, n);
       const auto lb = dev_download(lse_fa2, nl);
-      {
-        const Kernel kernel = Kernel::kTma;
+      for (Kernel kernel : {Kernel::kTma, Kernel::kPingPong}) {
         run_forward(kernel, q, k, v, o_new, lse_new, B, T, H, D, stream);
         sync_or_die(stream, name_of(kernel));
         const auto a = dev_download(o_new, n);

@@ -810,7 +810,7 @@ void flash_attention_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, con
   const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
   const flash::FwdParams p{q, k, v, o, lse, T, H, scale, scale * flash::kLog2e};
   if (kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(head_dim, false)) {
-    flash::flash_tma_forward(p, B, head_dim, stream);
+    flash::flash_tma_forward(p, B, head_dim, stream, /*ping_pong=*/head_dim != 128);
     return;
   }
   switch (head_dim) {

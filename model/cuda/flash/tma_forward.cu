@@ -12,8 +12,9 @@
 //     barrier (every consumer thread arrives once it no longer reads the stage). It never
 //     computes, so the loads of the next tiles are always in flight, and it gives most of its
 //     registers to the consumers (setmaxnreg).
-//   * Warpgroups 0 and 1: consumers, 64 query rows each, no CTA-wide barrier after start-up; they
-//     drift freely against each other, so one's softmax overlaps the other's matrix products.
+//   * Warpgroups 0 and 1: consumers, 64 query rows each, no CTA-wide barrier after start-up. With
+//     kPingPong they take turns issuing their products (named barriers 3 and 4), so one's softmax
+//     runs while the other's products occupy the tensor cores; without, they drift freely.
 //
 // One consumer's pipeline (S_j = Q K_j^T, P_j = exp(S_j - m_j), row max m_j, tiles in visit
 // order, j = 0 the diagonal):
@@ -31,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/error.h"
 #include "model/cuda/flash/launch.h"
@@ -83,7 +85,7 @@ struct Config {
 };
 #pragma nv_diagnostic pop
 
-template <int D>
+template <int D, bool kPingPong>
 __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     flash_tma_fwd_kernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -239,13 +241,29 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     }
   };
 
+  // Ping-pong (kPingPong): the two consumers take turns issuing their products, so that one's
+  // softmax runs while the other's products occupy the tensor cores. Named barrier 3 + w is
+  // warpgroup w's turn; the other warpgroup arrives on it after issuing.
+  auto take_turn = [&] {
+    if constexpr (kPingPong) wg::named_barrier(3 + wgi, 256);
+  };
+  auto pass_turn = [&](bool last) {
+    // Warpgroup 1's last pass would have no taker.
+    if constexpr (kPingPong)
+      if (!(last && wgi == 1)) wg::named_barrier_arrive(3 + (wgi ^ 1), 256);
+  };
+  if constexpr (kPingPong)
+    if (wgi == 1) wg::named_barrier_arrive(3, 256);  // warpgroup 0 goes first
+
   tma::wait(bar_q, 0);
 
   // Tile 0, the diagonal: S, the causal mask (keys >= T, zero-filled, lie beyond every row < T;
   // rows >= T are computed on zeros and never stored), softmax. O is still zero: no rescale.
   {
     tma::wait(k_full(0), 0);
+    take_turn();
     issue_s(0);
+    pass_turn(false);
     wg::wait_group<0>();
     wg::fence_operands(s);
     tma::arrive(k_empty(0));
@@ -268,9 +286,11 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     const int sk = it % kStages;
     const int sv = (it - 1) % kStages;
     tma::wait(k_full(sk), (it / kStages) & 1);
+    take_turn();
     issue_s(sk);
     tma::wait(v_full(sv), ((it - 1) / kStages) & 1);
     issue_pv(sv);
+    pass_turn(false);
     wg::wait_group<1>();  // S_j done, P_{j-1} V_{j-1} may still run
     wg::fence_operands(s);
     tma::arrive(k_empty(sk));
@@ -292,7 +312,9 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     const int last = n_tiles - 1;
     const int sv = last % kStages;
     tma::wait(v_full(sv), (last / kStages) & 1);
+    take_turn();
     issue_pv(sv);
+    pass_turn(true);
     wg::wait_group<0>();
     wg::fence_operands(acc_o);
     tma::arrive(v_empty(sv));
@@ -327,11 +349,11 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 #endif
 }
 
-template <int D>
+template <int D, bool kPingPong>
 void launch(const FwdParams& f, int B, cudaStream_t stream) {
   using Cfg = Config<D>;
   static std::atomic<uint64_t> configured{0};
-  ensure_smem_limit(flash_tma_fwd_kernel<D>, Cfg::kSmemBytes, configured);
+  ensure_smem_limit(flash_tma_fwd_kernel<D, kPingPong>, Cfg::kSmemBytes, configured);
   Params p;
   p.q = tma::head_tile_map(f.q, B, f.T, f.H, D, Cfg::kBlockM);
   p.k = tma::head_tile_map(f.k, B, f.T, f.H, D, Cfg::kBlockN);
@@ -340,22 +362,31 @@ void launch(const FwdParams& f, int B, cudaStream_t stream) {
   // The working set of a head: its K and V.
   p.order = head_order(B, f.H, f.T, Cfg::kBlockM, 2 * D * 2, "flash attention forward");
   const unsigned grid = static_cast<unsigned>(p.order.blocks) * p.order.heads;
-  flash_tma_fwd_kernel<D><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  flash_tma_fwd_kernel<D, kPingPong><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   CUDA_CHECK_LAUNCH("flash_tma_fwd_kernel");
 }
 
 }  // namespace
 }  // namespace flash::tmafwd
 
-void flash::flash_tma_forward(const FwdParams& p, int B, int head_dim, cudaStream_t stream) {
+void flash::flash_tma_forward(const FwdParams& p, int B, int head_dim, cudaStream_t stream,
+                              bool ping_pong) {
   TRAINER_CHECK(head_dim == 64 || head_dim == 80 || head_dim == 128, "TMA forward: head dim {}",
                 head_dim);
-  if (head_dim == 64) {
-    tmafwd::launch<64>(p, B, stream);
-  } else if (head_dim == 80) {
-    tmafwd::launch<80>(p, B, stream);
+  auto run = [&](auto pp) {
+    constexpr bool kPingPong = decltype(pp)::value;
+    if (head_dim == 64) {
+      tmafwd::launch<64, kPingPong>(p, B, stream);
+    } else if (head_dim == 80) {
+      tmafwd::launch<80, kPingPong>(p, B, stream);
+    } else {
+      tmafwd::launch<128, kPingPong>(p, B, stream);
+    }
+  };
+  if (ping_pong) {
+    run(std::true_type{});
   } else {
-    tmafwd::launch<128>(p, B, stream);
+    run(std::false_type{});
   }
 }
 

@@ -94,6 +94,11 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrives at named barrier `id` without waiting (the threads that bar.sync on it wait for these).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Moves registers between the warpgroups of a CTA (setmaxnreg): every thread of the warpgroup
 // executes it, and the CTA's total must stay within what it was launched with. ptxas allocates
 // the code after an increase with the new limit.
