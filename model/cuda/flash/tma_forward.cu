@@ -1,17 +1,16 @@
-// Causal attention forward for Hopper (sm_90a): a TMA producer warp feeding two consumer
-// warpgroups through an mbarrier ring, each consumer overlapping its softmax with the tensor
-// cores (FlashAttention-3, Shah et al. 2024, sections 3.1-3.2). Semantics as
-// flash_attention_forward; wgmma layouts and the SW128 tile format as in wgmma.cuh.
+// Causal attention forward for Hopper (sm_90a): a TMA producer warpgroup feeding two consumer
+// warpgroups through mbarrier rings, each consumer overlapping its softmax with the tensor cores
+// (FlashAttention-3, Shah et al. 2024, sections 3.1-3.2). Semantics as flash_attention_forward;
+// wgmma layouts and the SW128 tile format as in wgmma.cuh. Head dims 64, 80 and 128.
 //
 // Roles (384 threads, one CTA per SM; CTA order as in launch.h, head_order: heads in L2-sized
 // groups, the query blocks with the most keys first):
-//   * Warpgroup 2, one thread: the producer. Issues one TMA load of Q (128 x dh) and then, for the
-//   key
-//     tiles from the diagonal down to tile 0, K and V tiles (128 x dh each) into 2-stage rings,
-//     each stage guarded by a "full" barrier (the copy engine counts the bytes in) and an "empty"
-//     barrier (every consumer thread arrives once it no longer reads the stage). It never
-//     computes, so the loads of the next tiles are always in flight, and it gives most of its
-//     registers to the consumers (setmaxnreg).
+//   * Warpgroup 2, one thread: the producer. Issues one TMA load of Q (128 x dh) and then, for
+//     the key tiles from the diagonal down to tile 0, K and V tiles (128 x dh each) into 2-stage
+//     rings, each stage guarded by a "full" barrier (the copy engine counts the bytes in) and an
+//     "empty" barrier (every consumer thread arrives once it no longer reads the stage). It
+//     never computes, so the loads of the next tiles are always in flight, and it gives most of
+//     its registers to the consumers (setmaxnreg).
 //   * Warpgroups 0 and 1: consumers, 64 query rows each, no CTA-wide barrier after start-up. With
 //     kPingPong they take turns issuing their products (named barriers 3 and 4), so one's softmax
 //     runs while the other's products occupy the tensor cores; without, they drift freely.

@@ -1,4 +1,4 @@
-// Hopper (sm_90a) causal attention forward with a TMA producer warp and software-pipelined
+// Hopper (sm_90a) causal attention forward with a TMA producer warpgroup and pipelined
 // warpgroup MMA: the FlashAttention-3 structure. Internal: called by flash_attention_forward
 // (flash_attention.cu), which validates the arguments and decides when it runs. Same tensors and
 // semantics as every forward: q, k, v, o bf16 (B, T, H*dh), lse fp32 (B, H, T).
