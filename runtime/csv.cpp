@@ -16,16 +16,35 @@
 
 namespace trainer {
 
-void check_csv_header(const std::string& path, const std::string& header) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
-    usage_error("--csv {}: not a regular file", path);
+namespace {
+
+// The check itself; the caller holds a lock on the file (or the file does not exist).
+void check_header_locked(const std::string& path, const std::string& header) {
   std::ifstream in(path);
   std::string first;
   if (in && std::getline(in, first) && !first.empty() && first != header)
     usage_error("--csv {}: the file has other columns (written by another version); use a new file",
                 path);
+}
+
+}  // namespace
+
+void check_csv_header(const std::string& path, const std::string& header) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    usage_error("--csv {}: not a regular file", path);
+  // A shared lock: another run may be appending the file's first row (header included) right
+  // now, and a read during that write could see half a header.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // no file yet: nothing to check
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }  // also releases the lock
+  } closer{fd};
+  if (::flock(fd, LOCK_SH) != 0)
+    usage_error("--csv {}: cannot lock the file ({})", path, std::strerror(errno));
+  check_header_locked(path, header);
 }
 
 void append_csv_row(const std::string& path, const std::string& header, const std::string& row) {
@@ -37,7 +56,7 @@ void append_csv_row(const std::string& path, const std::string& header, const st
   } closer{fd};
   if (::flock(fd, LOCK_EX) != 0)
     usage_error("--csv {}: cannot lock the file ({})", path, std::strerror(errno));
-  check_csv_header(path, header);  // under the lock: another run may have just written it
+  check_header_locked(path, header);  // under the lock: another run may have just written it
   struct stat st {};
   const bool fresh = ::fstat(fd, &st) == 0 && st.st_size == 0;
   const std::string bytes = (fresh ? header + "\n" : std::string()) + row;

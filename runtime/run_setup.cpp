@@ -26,15 +26,18 @@ namespace trainer {
 
 namespace {
 
-// The file at `path` can be written: opened for appending (nothing is truncated); a file that
-// the probe itself created is removed again.
+// The file at `path` can be written. An existing file is opened for appending (nothing is
+// written or truncated). A missing one is not created and removed again: a probe of its own name
+// tests the directory instead, because the path may be shared (runs started together append to
+// one --csv) and removing it could take away the file another run has just written its row into.
 void check_writable_file(const char* flag, const std::string& path) {
   std::error_code ec;
   const bool existed = fs::exists(path, ec);
-  FILE* f = std::fopen(path.c_str(), "a");
+  const std::string probe = existed ? path : path + ".probe." + std::to_string(::getpid());
+  FILE* f = std::fopen(probe.c_str(), "a");
   if (!f) usage_error("{} {}: cannot write the file ({})", flag, path, std::strerror(errno));
   std::fclose(f);
-  if (!existed) fs::remove(path, ec);
+  if (!existed) fs::remove(probe, ec);
 }
 
 // What a finished or interrupted run left in `out`: metrics.jsonl, model.safetensors, step_N/.
