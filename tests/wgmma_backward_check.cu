@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(256) unit_tt_kernel(const bf16* at, const bf16
   const int warp = (tid & 127) >> 5;
   const int g = (tid & 31) >> 2;
   const int t = tid & 3;
-  // B by cp.async (as the kernel loads K).
+  // B by cp.async into the layout the kernel's TMA loads of K produce.
   wgh::load_tile_sw128<128, 64 * PB, 256>(sB, b, 64 * PB, 128, tid);
   fl::cp_async_commit();
   // A^T by 4-byte generic stores through sw128_offset (as the kernel stores dS^T).

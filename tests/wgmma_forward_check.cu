@@ -4,11 +4,12 @@
 //
 // Standalone check of the Hopper attention forward (model/cuda/flash/tma_forward.cu: TMA producer,
 // wgmma consumers) on an sm_90 GPU:
-//   0. unit tests of the two wgmma paths the kernel uses, with the kernel's own tile loaders and
-//      descriptors: S-like C = A B^T (A, B K-major SW128 tiles in shared memory) and O-like
-//      C = P V (P from registers in the claimed A-fragment layout, V MN-major SW128). Each result
-//      is written back through the claimed accumulator layout, so a wrong layout assumption shows
-//      up here in isolation;
+//   0. unit tests of the two wgmma paths the kernel uses, with its descriptors and tiles in the
+//      SW128 layout its TMA loads produce (written here by cp.async, wgmma_check_common.cuh):
+//      S-like C = A B^T (A, B K-major SW128 tiles in shared memory) and O-like C = P V (P from
+//      registers in the claimed A-fragment layout, V MN-major SW128). Each result is written back
+//      through the claimed accumulator layout, so a wrong layout assumption shows up here in
+//      isolation;
 //   1. correctness of o and lse against a plain fp32 reference kernel, T in {1, 17, 64, 100, 1000,
 //      1024} x dh in {64, 80, 128}, B = 2, H = 3 (o and lse poisoned with NaN before each run, plus
 //      a NaN guard after the end of both buffers that must stay untouched). The existing
@@ -498,7 +499,7 @@ int main() {
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  std::printf("\n0. wgmma unit tests (kernel's loaders and descriptors, 2 warpgroups)\n");
+  std::printf("\n0. wgmma unit tests (kernel's layouts and descriptors, 2 warpgroups)\n");
   unit_tests<64>(stream);
   unit_tests<128>(stream);
 

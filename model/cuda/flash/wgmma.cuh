@@ -1,4 +1,4 @@
-// Warpgroup-level (sm_90a) building blocks of the Hopper attention forward: wgmma fences and
+// Warpgroup-level (sm_90a) building blocks of the Hopper attention kernels: wgmma fences and
 // groups, shared-memory matrix descriptors, the 128-byte swizzle used to lay tiles out for them,
 // and m64nNk16 bf16 -> fp32 wgmma wrappers. Everything here needs -arch sm_90a (wgmma is not part
 // of plain sm_90 / compute_90).
@@ -167,38 +167,6 @@ __device__ __forceinline__ uint32_t kmajor_chunk_offset(int kk) {
 // swizzle atoms, so always 1024-byte aligned.
 __device__ __forceinline__ uint32_t mnmajor_chunk_offset(int kk) {
   return static_cast<uint32_t>(kk * 16 * 128);
-}
-
-// 16-byte cp.async to a shared address; with valid == false the destination is zero-filled and
-// `gmem` is not read.
-__device__ __forceinline__ void cp_async_16_sw(uint32_t smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-
-// Copies kRows x kCols bf16 (kCols a multiple of 64) from global rows `ld` elements apart into a
-// SW128 tile at shared address `smem` (1024-byte aligned); rows >= valid_rows are zero-filled.
-// Consecutive threads take consecutive 16-byte chunks of a row, so the global reads are coalesced
-// and each 8-thread phase writes one 128-byte shared row (all 32 banks, conflict-free).
-template <int kRows, int kCols, int kThreads>
-__device__ __forceinline__ void load_tile_sw128(uint32_t smem, const bf16* gmem, int64_t ld,
-                                                int valid_rows, int tid) {
-  static_assert(kCols % 64 == 0, "tiles are whole 64-column panels");
-  constexpr int kChunksPerRow = kCols / 8;
-  constexpr int kChunks = kRows * kChunksPerRow;
-  static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
-#pragma unroll
-  for (int it = 0; it < kChunks / kThreads; ++it) {
-    const int i = tid + it * kThreads;
-    const int r = i / kChunksPerRow;
-    const int c = i % kChunksPerRow;
-    const bool valid = r < valid_rows;
-    const bf16* src = valid ? gmem + r * ld + c * 8 : gmem;
-    cp_async_16_sw(
-        smem + static_cast<uint32_t>((c >> 3) * (kRows * 128)) + sw128_chunk_offset(r, c & 7), src,
-        valid);
-  }
 }
 
 // The epilogues' copy-out: rows [row0, row0 + 64) of a SW128 tile of kRows rows x kCols bf16 at
