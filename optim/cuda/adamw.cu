@@ -1,6 +1,6 @@
 // CUDA kernels of the optimizer: the AdamW update (memory bound: 16 bytes read and 12-14 written
-// per element with fp32 moments, 12 and 8-10 with bf16 ones, so vector loads and a grid-stride
-// loop), the deterministic sum of squares behind the gradient norm and, for a recorded step, the
+// per element with fp32 moments, 12 and 8-10 with bf16 ones, so vector loads, one group per
+// thread), the deterministic sum of squares behind the gradient norm and, for a recorded step, the
 // clipping factor from its partial sums, and the fp32 -> bf16 / fp16 parameter casts. The
 // gradient is one fp32 buffer or the sum of bf16 copies, one per rank (--grad-transport ce
 // --grad-reduce bf16), added as it is read.
@@ -130,9 +130,6 @@ auto with_terms(const GradTermsArg& terms, Fn fn) {
 
 // ---- AdamW: math in adamw_update() (adamw.cuh), shared with the CPU loop ----
 
-// Groups of four elements through float4, grid-stride; the last n % 4 elements are done by the
-// first threads of the grid. All pointers must be 16-byte aligned (out: 16 for fp32, 8 for bf16
-// and fp16; bf16 gradient terms 8).
 // The step's scalars: by value, or read from device memory when the kernel runs.
 struct StepArgsRef {
   AdamWStepArgs value;
@@ -140,14 +137,19 @@ struct StepArgsRef {
   __device__ AdamWStepArgs get() const { return device ? *device : value; }
 };
 
+// One group of four elements per thread through float4, and after the n / 4 groups one thread per
+// remaining element. A grid of short blocks, not a grid-stride loop over one wave: alone on an
+// H200 the update then moves 4.2 instead of 3.8 TB/s (10% less time; tests/overlap_probe.cu,
+// docs/results/h200_update_overlap_probe.txt), and beside other kernels its blocks leave SMs as
+// soon as they are done. All pointers must be 16-byte aligned (out: 16 for fp32, 8 for bf16 and
+// fp16; bf16 gradient terms 8).
 template <typename OutT, typename Grad, typename S>
 __global__ void adamw_vec4_kernel(float* master, S* m, S* v, Grad g, OutT* out, int64_t n,
                                   StepArgsRef ref) {
   const AdamWStepArgs a = ref.get();
   const int64_t n4 = n / 4;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = tid; i < n4; i += stride) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n4) {
     float4 p4 = reinterpret_cast<const float4*>(master)[i];
     float4 m4 = load4(m, i);
     float4 v4 = load4(v, i);
@@ -160,8 +162,9 @@ __global__ void adamw_vec4_kernel(float* master, S* m, S* v, Grad g, OutT* out, 
     store4(m, i, m4);
     store4(v, i, v4);
     store4(out, i, p4);
+    return;
   }
-  const int64_t j = 4 * n4 + tid;
+  const int64_t j = 3 * n4 + i;  // = 4 * n4 + (i - n4)
   if (j < n) {
     float mj = load1(m, j), vj = load1(v, j);
     adamw_update(master[j], mj, vj, g.load1(j), a);
@@ -171,21 +174,26 @@ __global__ void adamw_vec4_kernel(float* master, S* m, S* v, Grad g, OutT* out, 
   }
 }
 
-// One element per iteration, for views whose offsets do not allow float4.
+// One element per thread, for views whose offsets do not allow float4.
 template <typename OutT, typename Grad, typename S>
 __global__ void adamw_scalar_kernel(float* master, S* m, S* v, Grad g, OutT* out, int64_t n,
                                     StepArgsRef ref) {
   const AdamWStepArgs a = ref.get();
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    float p = master[i], mi = load1(m, i), vi = load1(v, i);
-    adamw_update(p, mi, vi, g.load1(i), a);
-    master[i] = p;
-    store1(m, i, mi);
-    store1(v, i, vi);
-    store1(out, i, p);
-  }
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float p = master[i], mi = load1(m, i), vi = load1(v, i);
+  adamw_update(p, mi, vi, g.load1(i), a);
+  master[i] = p;
+  store1(m, i, mi);
+  store1(v, i, vi);
+  store1(out, i, p);
+}
+
+// Blocks of kThreads covering `items` threads' work.
+unsigned blocks_for(int64_t items) {
+  const int64_t b = (items + kThreads - 1) / kThreads;
+  TRAINER_CHECK(b < (int64_t{1} << 31), "AdamW over {} items: too many blocks", items);
+  return static_cast<unsigned>(b < 1 ? 1 : b);
 }
 
 template <typename OutT, typename Grad, typename S>
@@ -194,10 +202,11 @@ void launch_adamw(float* master, S* m, S* v, const Grad& g, OutT* out, int64_t n
   const bool vec = aligned(master, 16) && aligned(m, 4 * sizeof(S)) && aligned(v, 4 * sizeof(S)) &&
                    g.vec_ok() && aligned(out, 4 * sizeof(OutT));
   if (vec) {
-    adamw_vec4_kernel<OutT><<<grid_for(n / 4), kThreads, 0, stream>>>(master, m, v, g, out, n, a);
+    adamw_vec4_kernel<OutT>
+        <<<blocks_for(n / 4 + n % 4), kThreads, 0, stream>>>(master, m, v, g, out, n, a);
     CUDA_CHECK_LAUNCH("adamw_vec4_kernel");
   } else {
-    adamw_scalar_kernel<OutT><<<grid_for(n), kThreads, 0, stream>>>(master, m, v, g, out, n, a);
+    adamw_scalar_kernel<OutT><<<blocks_for(n), kThreads, 0, stream>>>(master, m, v, g, out, n, a);
     CUDA_CHECK_LAUNCH("adamw_scalar_kernel");
   }
 }

@@ -1,0 +1,266 @@
+// Can an AdamW-like update (bound by memory bandwidth) run beside a forward's GEMMs (bound by the
+// tensor cores), and how should its kernel be shaped? A developer's probe, outside the trainer:
+//
+//   overlap_probe [LAYERS [ELEMENTS]]          the update beside the GEMMs
+//   overlap_probe LAYERS ELEMENTS kernels      the update's kernel alone, grid shapes
+//
+// The GEMMs are 2.7B's forward (2048 tokens, d 2560, d_ff 10240: QKV, output, W1|W3, W2 per layer,
+// cuBLASLt's first heuristic), LAYERS times; the update reads p, m, v, g (fp32) and writes p, m, v
+// and a bf16 copy, 30 bytes per element, over ELEMENTS split into LAYERS parts. Overlapped, the
+// GEMMs of layer l wait for part l, as the trainer's forward does (--overlap-update). Each line is
+// the median of 5 timed repetitions after 2 warm-up; results in docs/results/log.md.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                  \
+  do {                                                                         \
+    const cudaError_t err_ = (x);                                              \
+    if (err_ != cudaSuccess) {                                                 \
+      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
+      std::exit(1);                                                            \
+    }                                                                          \
+  } while (0)
+#define CB(x)                                                             \
+  do {                                                                    \
+    const cublasStatus_t st_ = (x);                                       \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                   \
+      std::printf("%s:%d cuBLASLt status %d\n", __FILE__, __LINE__, st_); \
+      std::exit(1);                                                       \
+    }                                                                     \
+  } while (0)
+
+namespace {
+
+// The update on groups of four elements: with iters_per_block 0 a grid-stride loop, else each
+// block takes iters_per_block * blockDim.x consecutive groups and ends.
+__global__ void update_kernel(float* p, float* m, float* v, const float* g, __nv_bfloat16* out,
+                              int64_t n4, int iters_per_block) {
+  int64_t begin, stride, end;
+  if (iters_per_block == 0) {
+    begin = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    end = n4;
+  } else {
+    const int64_t chunk = static_cast<int64_t>(iters_per_block) * blockDim.x;
+    begin = blockIdx.x * chunk + threadIdx.x;
+    stride = blockDim.x;
+    end = min(n4, static_cast<int64_t>(blockIdx.x + 1) * chunk);
+  }
+  for (int64_t i = begin; i < end; i += stride) {
+    float4 p4 = reinterpret_cast<float4*>(p)[i];
+    float4 m4 = reinterpret_cast<float4*>(m)[i];
+    float4 v4 = reinterpret_cast<float4*>(v)[i];
+    const float4 g4 = reinterpret_cast<const float4*>(g)[i];
+    float* pp = &p4.x;
+    float* mm = &m4.x;
+    float* vv = &v4.x;
+    const float* gg = &g4.x;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      mm[k] = 0.9f * mm[k] + 0.1f * gg[k];
+      vv[k] = 0.95f * vv[k] + 0.05f * gg[k] * gg[k];
+      pp[k] = pp[k] * 0.9999f - 1e-4f * mm[k] / (sqrtf(vv[k]) + 1e-8f);
+    }
+    reinterpret_cast<float4*>(p)[i] = p4;
+    reinterpret_cast<float4*>(m)[i] = m4;
+    reinterpret_cast<float4*>(v)[i] = v4;
+    __nv_bfloat162 lo = __floats2bfloat162_rn(p4.x, p4.y), hi = __floats2bfloat162_rn(p4.z, p4.w);
+    uint2 w;
+    w.x = *reinterpret_cast<uint32_t*>(&lo);
+    w.y = *reinterpret_cast<uint32_t*>(&hi);
+    reinterpret_cast<uint2*>(out)[i] = w;
+  }
+}
+
+// How the update's kernel is launched.
+struct Shape {
+  int threads;
+  int iters;          // per block; 0: grid-stride
+  int blocks_per_sm;  // grid-stride: blocks per SM (0: `sms` blocks in all)
+  int sms;
+  int grid(int64_t n4, int device_sms) const {
+    if (iters > 0)
+      return static_cast<int>((n4 + int64_t{iters} * threads - 1) / (int64_t{iters} * threads));
+    return blocks_per_sm > 0 ? device_sms * blocks_per_sm : sms;
+  }
+};
+
+struct Gemm {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, c;
+  cublasLtMatmulAlgo_t algo;
+};
+
+template <class F>
+float median_ms(cudaStream_t s, F&& work) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int rep = 0; rep < 7; ++rep) {
+    CK(cudaDeviceSynchronize());
+    CK(cudaEventRecord(a, s));
+    work(a);
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, a, b));
+    if (rep >= 2) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int L = argc > 1 ? std::atoi(argv[1]) : 32;
+  const int64_t n = argc > 2 ? std::atoll(argv[2]) : 3355443200LL;  // 2.7B's parameters
+  const bool kernels_alone = argc > 3 && std::string(argv[3]) == "kernels";
+  const int M = 2048, D = 2560, F = 10240;
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  float *p, *m, *v, *g;
+  __nv_bfloat16* out;
+  for (float** b : {&p, &m, &v, &g}) {
+    CK(cudaMalloc(b, 4 * n));
+    CK(cudaMemset(*b, 0, 4 * n));
+  }
+  CK(cudaMalloc(&out, 2 * n));
+  auto update = [&](cudaStream_t s, const Shape& k, int64_t b4, int64_t e4) {
+    update_kernel<<<k.grid(e4 - b4, sms), k.threads, 0, s>>>(
+        p + 4 * b4, m + 4 * b4, v + 4 * b4, g + 4 * b4, out + 4 * b4, e4 - b4, k.iters);
+    CK(cudaGetLastError());
+  };
+
+  if (kernels_alone) {
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const std::vector<Shape> shapes = {
+        {256, 0, 8, 0},  {256, 0, 4, 0}, {512, 0, 4, 0}, {1024, 0, 2, 0}, {256, 1, 0, 0},
+        {256, 2, 0, 0},  {256, 4, 0, 0}, {256, 8, 0, 0}, {256, 16, 0, 0}, {256, 32, 0, 0},
+        {128, 16, 0, 0}, {512, 4, 0, 0}, {512, 8, 0, 0}, {512, 16, 0, 0}, {1024, 4, 0, 0}};
+    for (const int64_t elems : {n, n / 27}) {
+      for (const Shape& k : shapes) {
+        const float ms = median_ms(s, [&](cudaEvent_t) { update(s, k, 0, elems / 4); });
+        std::printf("n %11lld threads %4d %s %2d: median %8.3f ms (%6.0f GB/s at 30 B/elem)\n",
+                    static_cast<long long>(elems), k.threads,
+                    k.iters ? "iters/block" : "blocks/SM  ", k.iters ? k.iters : k.blocks_per_sm,
+                    ms, 30.0 * static_cast<double>(elems) / (ms * 1e-3) / 1e9);
+        std::fflush(stdout);
+      }
+    }
+    return 0;
+  }
+
+  // y[M, N] = x[M, K] w[N, K]^T in row-major terms: column-major C[N, M] = op(W)[N, K] X[K, M].
+  cublasLtHandle_t lt;
+  CB(cublasLtCreate(&lt));
+  size_t ws_bytes = size_t{64} << 20;
+  void* ws;
+  CK(cudaMalloc(&ws, ws_bytes));
+  auto make = [&](int N, int K) {
+    Gemm G{};
+    CB(cublasLtMatmulDescCreate(&G.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
+    CB(cublasLtMatmulDescSetAttribute(G.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    CB(cublasLtMatmulDescSetAttribute(G.op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
+    CB(cublasLtMatrixLayoutCreate(&G.a, CUDA_R_16BF, K, N, K));
+    CB(cublasLtMatrixLayoutCreate(&G.b, CUDA_R_16BF, K, M, K));
+    CB(cublasLtMatrixLayoutCreate(&G.c, CUDA_R_16BF, N, M, N));
+    cublasLtMatmulPreference_t pref;
+    CB(cublasLtMatmulPreferenceCreate(&pref));
+    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                            &ws_bytes, sizeof(ws_bytes)));
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 0;
+    CB(cublasLtMatmulAlgoGetHeuristic(lt, G.op, G.a, G.b, G.c, G.c, pref, 1, &r, &found));
+    if (found == 0) {
+      std::printf("no cuBLASLt algorithm for N %d K %d\n", N, K);
+      std::exit(1);
+    }
+    G.algo = r.algo;
+    return G;
+  };
+  std::vector<Gemm> layer = {make(3 * D, D), make(D, D), make(2 * F, D), make(D, F)};
+  __nv_bfloat16 *x, *w, *y;
+  CK(cudaMalloc(&x, sizeof(__nv_bfloat16) * M * F * 2));
+  CK(cudaMalloc(&w, sizeof(__nv_bfloat16) * F * 2 * D));
+  CK(cudaMalloc(&y, sizeof(__nv_bfloat16) * M * F * 2));
+  CK(cudaMemset(x, 0, sizeof(__nv_bfloat16) * M * F * 2));
+  CK(cudaMemset(w, 0, sizeof(__nv_bfloat16) * F * 2 * D));
+  const float alpha = 1, beta = 0;
+  auto gemms = [&](cudaStream_t s) {
+    for (Gemm& G : layer)
+      CB(cublasLtMatmul(lt, G.op, &alpha, w, G.a, x, G.b, &beta, y, G.c, y, G.c, &G.algo, ws,
+                        ws_bytes, s));
+  };
+  int least = 0, greatest = 0;
+  CK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+
+  struct Variant {
+    const char* name;
+    bool gemm, upd, overlap;
+    Shape k;
+    bool urgent;  // the GEMMs' stream at the highest priority
+  };
+  const Shape stride8{256, 0, 8, 0}, short16{256, 16, 0, 0}, short64{256, 64, 0, 0};
+  const std::vector<Variant> variants = {
+      {"gemms only", true, false, false, stride8, false},
+      {"update only 8x256/SM stride", false, true, false, stride8, false},
+      {"update only short 256x16", false, true, false, short16, false},
+      {"update only 16 SMs x1024", false, true, false, {1024, 0, 0, 16}, false},
+      {"update only 32 SMs x1024", false, true, false, {1024, 0, 0, 32}, false},
+      {"serial 8x256/SM stride", true, true, false, stride8, false},
+      {"overlap 8x256/SM stride", true, true, true, stride8, false},
+      {"overlap 8x256/SM stride, prio", true, true, true, stride8, true},
+      {"overlap short 256x16", true, true, true, short16, false},
+      {"overlap short 256x16, prio", true, true, true, short16, true},
+      {"overlap short 256x64, prio", true, true, true, short64, true},
+      {"overlap 16 SMs x1024, prio", true, true, true, {1024, 0, 0, 16}, true},
+      {"overlap 32 SMs x1024, prio", true, true, true, {1024, 0, 0, 32}, true},
+      {"overlap 16 SMs x1024", true, true, true, {1024, 0, 0, 16}, false},
+  };
+  const int64_t n4 = n / 4, per = (n4 + L - 1) / L;
+  std::vector<cudaEvent_t> done(L);
+  for (cudaEvent_t& e : done) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaEvent_t lane_end;
+  CK(cudaEventCreateWithFlags(&lane_end, cudaEventDisableTiming));
+  for (const Variant& V : variants) {
+    cudaStream_t c, u;
+    CK(cudaStreamCreateWithPriority(&c, cudaStreamNonBlocking, V.urgent ? greatest : least));
+    CK(cudaStreamCreateWithPriority(&u, cudaStreamNonBlocking, least));
+    const float ms = median_ms(c, [&](cudaEvent_t start) {
+      CK(cudaStreamWaitEvent(u, start, 0));
+      cudaStream_t us = V.overlap ? u : c;
+      if (V.upd) {
+        for (int l = 0; l < L; ++l) {
+          update(us, V.k, l * per, std::min(n4, (l + 1) * per));
+          CK(cudaEventRecord(done[l], us));
+        }
+        CK(cudaEventRecord(lane_end, us));
+      }
+      if (V.gemm)
+        for (int l = 0; l < L; ++l) {
+          if (V.upd && V.overlap) CK(cudaStreamWaitEvent(c, done[l], 0));
+          gemms(c);
+        }
+      if (V.upd) CK(cudaStreamWaitEvent(c, lane_end, 0));
+    });
+    std::printf("%-34s median %8.3f ms\n", V.name, ms);
+    std::fflush(stdout);
+    CK(cudaStreamDestroy(c));
+    CK(cudaStreamDestroy(u));
+  }
+  return 0;
+}
