@@ -265,7 +265,7 @@ struct Row {
 // The kernel flash_attention_forward / _backward run for head dim `dh` under `kernels`.
 const char* kernel_name(trainer::cuda::FlashKernels kernels, int dh, bool backward) {
   return kernels == trainer::cuda::FlashKernels::kAuto &&
-                 trainer::cuda::flash_attention_uses_wgmma(dh, backward)
+                 trainer::cuda::flash_attention_uses_wgmma(dh)
              ? (backward ? "wgmma" : "tma")
              : "mma.sync";
 }

@@ -172,8 +172,8 @@ struct Bf16Tensor {
 
 // The kernel flash attention runs for head dim D under `kernels`.
 const char* kernel_name(FlashKernels kernels, int D, bool backward) {
-  return kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(D, backward) ? "wgmma"
-                                                                                   : "mma.sync";
+  if (kernels != FlashKernels::kAuto || !flash_attention_uses_wgmma(D)) return "mma.sync";
+  return backward ? "wgmma" : "tma";
 }
 
 void check_against_reference(int B, int T, int H, int D, unsigned seed, FlashKernels kernels) {
@@ -254,32 +254,19 @@ TEST_CASE("flash attention runs the wgmma kernels where they are faster",
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  for (int d : {16, 32}) {
-    CHECK_FALSE(flash_attention_uses_wgmma(d, false));
-    CHECK_FALSE(flash_attention_uses_wgmma(d, true));
-  }
+  for (int d : {16, 32}) CHECK_FALSE(flash_attention_uses_wgmma(d));
 #ifdef TRAINER_SM90A
   const bool hopper = major == 9 && minor == 0;
 #else
   const bool hopper = false;  // not built for sm_90a: FA2 everywhere
 #endif
   if (!hopper) {
-    CHECK_FALSE(flash_attention_uses_wgmma(80, false));
-    CHECK_FALSE(flash_attention_uses_wgmma(80, true));
-    CHECK_FALSE(flash_attention_uses_wgmma(64, false));
-    CHECK_FALSE(flash_attention_uses_wgmma(128, false));
-    CHECK_FALSE(flash_attention_uses_wgmma(64, true));
-    CHECK_FALSE(flash_attention_uses_wgmma(128, true));
+    for (int d : {64, 80, 128}) CHECK_FALSE(flash_attention_uses_wgmma(d));
     WARN("wgmma dispatch not checked: needs a build for sm_90a and compute capability 9.0, device "
          << major << "." << minor);
     return;
   }
-  CHECK(flash_attention_uses_wgmma(64, false));
-  CHECK(flash_attention_uses_wgmma(80, false));
-  CHECK(flash_attention_uses_wgmma(80, true));
-  CHECK(flash_attention_uses_wgmma(128, false));
-  CHECK(flash_attention_uses_wgmma(64, true));
-  CHECK(flash_attention_uses_wgmma(128, true));
+  for (int d : {64, 80, 128}) CHECK(flash_attention_uses_wgmma(d));
 }
 
 TEST_CASE("flash attention forward is deterministic", "[gpu][flash_attention]") {
@@ -315,7 +302,7 @@ TEST_CASE("flash attention forward is deterministic", "[gpu][flash_attention]") 
 TEST_CASE("flash attention: the grouped CTA order of the Hopper kernels covers every head",
           "[gpu][flash_attention]") {
   const int D = GENERATE(64, 80, 128);
-  if (!flash_attention_uses_wgmma(D, false)) {
+  if (!flash_attention_uses_wgmma(D)) {
     WARN("not a Hopper run: kAuto is FA2 here, nothing to compare for dh " << D);
     return;
   }

@@ -537,8 +537,8 @@ int main() {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   std::printf("device %d: %s, compute capability %d.%d, %d SMs\n", device, prop.name, prop.major,
               prop.minor, prop.multiProcessorCount);
-  if (!trainer::cuda::flash_attention_uses_wgmma(64, true) ||
-      !trainer::cuda::flash_attention_uses_wgmma(128, true)) {
+  if (!trainer::cuda::flash_attention_uses_wgmma(64) ||
+      !trainer::cuda::flash_attention_uses_wgmma(128)) {
     std::printf("FAIL: the wgmma backward needs a compute capability 9.0 device\n");
     return 1;
   }

@@ -492,7 +492,7 @@ int main() {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   std::printf("device %d: %s, compute capability %d.%d, %d SMs\n", device, prop.name, prop.major,
               prop.minor, prop.multiProcessorCount);
-  if (!trainer::cuda::flash_attention_uses_wgmma(128, false)) {
+  if (!trainer::cuda::flash_attention_uses_wgmma(128)) {
     std::printf("FAIL: the wgmma forward needs a compute capability 9.0 device\n");
     return 1;
   }

@@ -786,13 +786,11 @@ bool flash_attention_supports(int head_dim) {
   return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 80 || head_dim == 128;
 }
 
-bool flash_attention_uses_wgmma(int head_dim, bool backward) {
+bool flash_attention_uses_wgmma(int head_dim) {
 #ifdef TRAINER_SM90A
-  (void)backward;  // both directions have Hopper kernels at the same head dims
   return (head_dim == 64 || head_dim == 80 || head_dim == 128) && flash::current_device_is_sm90();
 #else
   (void)head_dim;
-  (void)backward;
   return false;
 #endif
 }
@@ -809,7 +807,7 @@ void flash_attention_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, con
   flash::check_tensor(lse, "lse", kWhat, 4);
   const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
   const flash::FwdParams p{q, k, v, o, lse, T, H, scale, scale * flash::kLog2e};
-  if (kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(head_dim, false)) {
+  if (kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(head_dim)) {
     flash::flash_tma_forward(p, B, head_dim, stream, /*ping_pong=*/head_dim != 128);
     return;
   }
@@ -866,7 +864,7 @@ void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
   const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
   const flash::BwdParams p{
       q, k, v, dout, lse, dsum, dq_acc, dk, dv, T, H, scale, scale * flash::kLog2e};
-  const bool wgmma = kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(head_dim, true);
+  const bool wgmma = kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(head_dim);
   switch (head_dim) {
     case 16:
       flash::launch_backward<16>(p, o, dsum, dq, B, wgmma, stream);

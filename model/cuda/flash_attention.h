@@ -27,10 +27,10 @@ bool flash_attention_supports(int head_dim);
 // dq-conversion kernels and its workspace are the same either way.
 enum class FlashKernels { kAuto, kMmaSync };
 
-// True when kAuto runs a Hopper kernel for this head dim (forward or backward): the build targets
-// sm_90a (TRAINER_SM90A, set when CMAKE_CUDA_ARCHITECTURES lists 90a), the current device has
-// compute capability exactly 9.0, and the head dim is 64, 80 or 128.
-bool flash_attention_uses_wgmma(int head_dim, bool backward);
+// True when kAuto runs the Hopper kernels for this head dim (forward and backward alike): the build
+// targets sm_90a (TRAINER_SM90A, set when CMAKE_CUDA_ARCHITECTURES lists 90a), the current device
+// has compute capability exactly 9.0, and the head dim is 64, 80 or 128.
+bool flash_attention_uses_wgmma(int head_dim);
 
 // o and lse are overwritten; lse feeds the backward. Work is queued on `stream` (no sync).
 void flash_attention_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,

@@ -1,6 +1,6 @@
 // What the attention launchers share: flash_attention.cu (FlashAttention-2 on mma.sync, the public
 // entry points, which validate arguments and dispatch) and the Hopper wgmma kernels in this folder:
-// kernel parameter blocks and host helpers. Only .cu files include this header (launch_over_heads
+// kernel parameter blocks and host helpers. Only .cu files include this header (launch_kernel
 // uses the <<<>>> syntax).
 #pragma once
 
@@ -93,6 +93,7 @@ struct HeadOrder {
   int blocks;  // row blocks per head
   int group;   // heads per group
   int heads;   // B * H
+  unsigned ctas() const { return static_cast<unsigned>(blocks) * static_cast<unsigned>(heads); }
 };
 
 inline HeadOrder head_order(int B, int H, int T, int block_rows, int64_t bytes_per_head_row,
@@ -136,17 +137,24 @@ __device__ __forceinline__ void head_order_cta(const HeadOrder& o, int cta, int&
   bh = g * o.group + (j - rank * size);
 }
 
-// Launches kKernel(p) on the grid every attention kernel uses: x = batch * head, y = blocks of
-// `block_rows` rows (queries or keys) of the p.T of one head; `threads` threads and `smem_bytes`
-// of dynamic shared memory per CTA. `name` is for the launch error message.
+// Launches kKernel(p) on `grid` CTAs of `threads` threads with `smem_bytes` of dynamic shared
+// memory each (the kernel's limit raised once per device). `name` is for the launch error message.
+template <auto kKernel, class Params>
+void launch_kernel(const Params& p, dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
+                   const char* name) {
+  static std::atomic<uint64_t> configured{0};  // one per kernel
+  ensure_smem_limit(kKernel, smem_bytes, configured);
+  kKernel<<<grid, threads, smem_bytes, stream>>>(p);
+  CUDA_CHECK_LAUNCH(name);
+}
+
+// The grid of the FA2 kernels: x = batch * head, y = blocks of `block_rows` rows (queries or keys)
+// of the p.T of one head.
 template <auto kKernel, class Params>
 void launch_over_heads(const Params& p, int B, int block_rows, int threads, int smem_bytes,
                        cudaStream_t stream, const char* name) {
-  static std::atomic<uint64_t> configured{0};  // one per kernel
-  ensure_smem_limit(kKernel, smem_bytes, configured);
   const dim3 grid(static_cast<unsigned>(B) * p.H, (p.T + block_rows - 1) / block_rows);
-  kKernel<<<grid, threads, smem_bytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH(name);
+  launch_kernel<kKernel>(p, grid, threads, smem_bytes, stream, name);
 }
 
 }  // namespace trainer::cuda::flash

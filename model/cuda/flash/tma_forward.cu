@@ -351,8 +351,6 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 template <int D, bool kPingPong>
 void launch(const FwdParams& f, int B, cudaStream_t stream) {
   using Cfg = Config<D>;
-  static std::atomic<uint64_t> configured{0};
-  ensure_smem_limit(flash_tma_fwd_kernel<D, kPingPong>, Cfg::kSmemBytes, configured);
   Params p;
   p.q = tma::head_tile_map(f.q, B, f.T, f.H, D, Cfg::kBlockM);
   p.k = tma::head_tile_map(f.k, B, f.T, f.H, D, Cfg::kBlockN);
@@ -360,9 +358,8 @@ void launch(const FwdParams& f, int B, cudaStream_t stream) {
   p.f = f;
   // The working set of a head: its K and V.
   p.order = head_order(B, f.H, f.T, Cfg::kBlockM, 2 * D * 2, "flash attention forward");
-  const unsigned grid = static_cast<unsigned>(p.order.blocks) * p.order.heads;
-  flash_tma_fwd_kernel<D, kPingPong><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH("flash_tma_fwd_kernel");
+  launch_kernel<flash_tma_fwd_kernel<D, kPingPong>>(
+      p, p.order.ctas(), Cfg::kThreads, Cfg::kSmemBytes, stream, "flash_tma_fwd_kernel");
 }
 
 }  // namespace

@@ -536,8 +536,6 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 template <int D>
 void launch(const BwdParams& f, int B, cudaStream_t stream) {
   using Cfg = Config<D>;
-  static std::atomic<uint64_t> configured{0};
-  ensure_smem_limit(flash_wgmma_bwd_kernel<D>, Cfg::kSmemBytes, configured);
   Params p;
   p.q = tma::head_tile_map(f.q, B, f.T, f.H, D, Cfg::kBlockM);
   p.dout = tma::head_tile_map(f.dout, B, f.T, f.H, D, Cfg::kBlockM);
@@ -548,9 +546,8 @@ void launch(const BwdParams& f, int B, cudaStream_t stream) {
   // The working set of a head: its fp32 dQ accumulator (read-modify-written by every key block),
   // Q and dO.
   p.order = head_order(B, f.H, f.T, Cfg::kBlockN, D * 4 + 2 * D * 2, "flash attention backward");
-  const unsigned grid = static_cast<unsigned>(p.order.blocks) * p.order.heads;
-  flash_wgmma_bwd_kernel<D><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH("flash_wgmma_bwd_kernel");
+  launch_kernel<flash_wgmma_bwd_kernel<D>>(p, p.order.ctas(), Cfg::kThreads, Cfg::kSmemBytes,
+                                           stream, "flash_wgmma_bwd_kernel");
 }
 
 }  // namespace
