@@ -93,6 +93,18 @@ int64_t ParamLayout::head_offset() const {
   return std::min(find("ln_final.weight").offset, find("lm_head.weight").offset);
 }
 
+std::vector<Range> ParamLayout::forward_parts() const {
+  std::vector<int64_t> starts = {head_offset(), find("token_embeddings.weight").offset};
+  for (const ParamTensor& t : tensors_)
+    if (t.layer >= 0) starts.push_back(block_offset(t.layer));
+  std::sort(starts.begin(), starts.end());
+  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+  std::vector<Range> parts;
+  for (size_t i = 0; i < starts.size(); ++i)
+    parts.push_back({starts[i], i + 1 < starts.size() ? starts[i + 1] : total_});
+  return parts;
+}
+
 int64_t ParamLayout::padded_total(int world) const {
   TRAINER_CHECK(world >= 1, "world {}", world);
   return align_up(total_, kAlignElems * world);

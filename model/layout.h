@@ -57,6 +57,9 @@ class ParamLayout {
   int64_t block_offset(int layer) const;
   // The lowest offset of ln_final and lm_head: what forward announces before the head.
   int64_t head_offset() const;
+  // The ranges of the buffer that forward announces before it reads them, in buffer order: the
+  // head from 0, each block from its block_offset(), the embedding up to total().
+  std::vector<Range> forward_parts() const;
 
   // Elements including alignment padding; multiples of kAlignElems.
   int64_t total() const { return total_; }

@@ -54,6 +54,9 @@ struct ReplicaOptions {
   Recompute recompute = Recompute::kNone;
   // CUDA: pinned slots for stage(), one per micro-batch of a step captured as a graph (0: none).
   int graph_slots = 0;
+  // CUDA: the compute stream at the highest priority, so that work on lower streams beside it
+  // (the update beside the next forward) takes only the SMs its kernels leave.
+  bool urgent_stream = false;
 };
 
 // One line of the memory report: what a buffer holds, and its bytes as allocated.

@@ -16,7 +16,7 @@ const char* const kCsvHeader =
     "comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,step_median_ms,tokens_per_s,mfu,"
     "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,hosts,recompute,"
     "forward_floor_ms,backward_floor_ms,optimizer_floor_ms,gemm_forward_ms,gemm_backward_ms,"
-    "copy_gb_s,cuda_graph,adam_state";
+    "copy_gb_s,cuda_graph,adam_state,optimizer_total_ms,overlap_update";
 
 void Run::benchmark(TrainResult& result) {
   const bool backward = o_.bench_mode != "forward";
@@ -26,6 +26,10 @@ void Run::benchmark(TrainResult& result) {
   std::vector<PhaseTimes> mine;
   std::vector<double> wall;  // host ms from one step's launch to the next's (timed steps)
   auto launched = Clock::now();
+  // The update lane's time over the timed steps (--overlap-update): per update, since a step's
+  // times hold the updates that finished during it (normally the previous step's).
+  double lane_ms0 = 0;
+  int64_t lane_updates0 = 0;
   for (int64_t s = 0; s < warm + n; ++s) {
     if (s > warm) wall.push_back(ms_since(launched));
     launched = Clock::now();
@@ -39,6 +43,10 @@ void Run::benchmark(TrainResult& result) {
     timer_->end(Phase::kStep);
     if (step) take_grad_norm();
     replica_->take_loss();
+    if (s == warm) {
+      lane_ms0 = lane_ms_;
+      lane_updates0 = lane_updates_;
+    }
     PhaseTimes t = collect_times(s, s + 1 == warm + n);
     if (s >= warm) mine.push_back(t);
     if (s == 0) report_memory(1);
@@ -75,6 +83,9 @@ void Run::benchmark(TrainResult& result) {
   std::vector<double> comm_total;
   for (const auto& ranks : all) comm_total.push_back(ranks[0][kCommTotal]);
   const MeanStd tc = mean_std(comm_total);
+  const int64_t lane_updates = lane_updates_ - lane_updates0;
+  const double lane_ms =
+      lane_updates > 0 ? (lane_ms_ - lane_ms0) / static_cast<double>(lane_updates) : 0.0;
   const double med = median(steps_ms);
   const double tokens = static_cast<double>(G_ * o_.config.ctx);
   const double tok_s = tokens / (med / 1e3);
@@ -92,7 +103,13 @@ void Run::benchmark(TrainResult& result) {
         "  comm      {:8.3f} ± {:.3f} ms exposed (rank 0's collectives ran {:.3f} ms in all)",
         cm.mean, cm.std, tc.mean);
   }
-  if (step) spdlog::info("  optimizer {:8.3f} ± {:.3f} ms", op.mean, op.std);
+  if (step && lane_updates > 0)
+    spdlog::info(
+        "  optimizer {:8.3f} ± {:.3f} ms exposed (each update ran {:.3f} ms beside the next "
+        "forward, --overlap-update)",
+        op.mean, op.std, lane_ms);
+  else if (step)
+    spdlog::info("  optimizer {:8.3f} ± {:.3f} ms", op.mean, op.std);
   spdlog::info(
       "  step      {:8.3f} ± {:.3f} ms (median {:.3f}) | {:.0f} tok/s{} | peak memory {:.2f} GiB",
       st.mean, st.std, med, tok_s, peak > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "",
@@ -119,12 +136,14 @@ void Run::benchmark(TrainResult& result) {
     if (backward)
       line("backward", bw.mean, floors.gemm_backward_ms, floors.gemm_backward_calls,
            floors.attention_backward_ms, floors.elementwise_backward_ms);
+    // Beside forward, the update's own time is what compares with its floor.
+    const double opt_ms = lane_updates > 0 ? lane_ms : op.mean;
     if (step && floors.optimizer_ms > 0)
       spdlog::info(
-          "  optimizer {:8.3f} ms | floor {:.3f} = {:.2f} GB at the copy bandwidth | "
+          "  optimizer {:8.3f} ms{} | floor {:.3f} = {:.2f} GB at the copy bandwidth | "
           "{:.2f}x the floor",
-          op.mean, floors.optimizer_ms, floors.optimizer_bytes / 1e9,
-          op.mean / floors.optimizer_ms);
+          opt_ms, lane_updates > 0 ? " (beside forward)" : "", floors.optimizer_ms,
+          floors.optimizer_bytes / 1e9, opt_ms / floors.optimizer_ms);
   }
   if (!floors.note.empty()) spdlog::info("floors: {}", floors.note);
   report_timing(all, 0);
@@ -133,7 +152,7 @@ void Run::benchmark(TrainResult& result) {
     const std::string row = fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
         "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{},"
-        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{},{}\n",
+        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{},{},{:.4f},{}\n",
         std::time(nullptr), o_.model, c.d_model, c.d_ff, c.n_layers, c.n_heads, c.vocab, c.ctx,
         o_.batch, o_.grad_accum, nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu",
         precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
@@ -141,7 +160,8 @@ void Run::benchmark(TrainResult& result) {
         st.mean, st.std, med, tok_s, mfu, max_mem / 1073741824.0, o_.grad_reduce, o_.grad_transport,
         o_.comm_sms, tc.mean, nccl_env_field(), host_count(places_), o_.recompute,
         floors.forward_ms(), floors.backward_ms(), floors.optimizer_ms, floors.gemm_forward_ms,
-        floors.gemm_backward_ms, floors.copy_gb_s, o_.cuda_graph ? 1 : 0, o_.adam_state);
+        floors.gemm_backward_ms, floors.copy_gb_s, o_.cuda_graph ? 1 : 0, o_.adam_state, lane_ms,
+        overlap_update_ ? 1 : 0);
     append_csv_row(o_.csv, kCsvHeader, row);
   }
 }

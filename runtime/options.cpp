@@ -119,6 +119,10 @@ Options parse_options(int argc, char** argv) {
   app.add_flag("--cuda-graph", o.cuda_graph,
                "record a step's forward and backward kernels once as a CUDA graph and replay it "
                "every step (fewer launch gaps for small models; one GPU; the same numbers)");
+  app.add_option("--overlap-update", o.overlap_update,
+                 "auto | on | off: AdamW on a side stream beside the next step's forward, which "
+                 "waits for each part of the parameters only where it first reads it (one GPU "
+                 "without --cuda-graph; the same numbers; auto: on where it applies)");
   app.add_option("--ddp", o.ddp, "none | naive | flat | overlap | bucketed");
   app.add_option(
       "--bucket-mb", o.bucket_mb,
@@ -234,6 +238,8 @@ void validate_options(const Options& o) {
     usage_error("--device '{}' is not auto, cpu or cuda", o.device);
   if (o.cuda_graph && o.device == "cpu")
     usage_error("--cuda-graph needs --device cuda (the CPU backend launches no kernels)");
+  if (o.overlap_update != "auto" && o.overlap_update != "on" && o.overlap_update != "off")
+    usage_error("--overlap-update '{}' is not auto, on or off", o.overlap_update);
   if (o.precision != "auto" && o.precision != "fp32" && o.precision != "tf32" &&
       o.precision != "bf16" && o.precision != "fp16")
     usage_error("--precision '{}' is not auto, fp32, tf32, bf16 or fp16", o.precision);
@@ -271,7 +277,8 @@ std::string settings_fingerprint(const Options& o) {
   s << "save-every=" << o.save_every << "\nout=" << o.out << "\noverwrite=" << o.overwrite
     << "\neval-every=" << o.eval_every << "\neval-batches=" << o.eval_batches << "\n";
   s << "device=" << o.device << "\nprecision=" << o.precision << "\nattn=" << o.attention
-    << "\nrecompute=" << o.recompute << "\ncuda-graph=" << o.cuda_graph << "\n";
+    << "\nrecompute=" << o.recompute << "\ncuda-graph=" << o.cuda_graph
+    << "\noverlap-update=" << o.overlap_update << "\n";
   s << "ddp=" << o.ddp << "\nbucket-mb=" << o.bucket_mb << "\nshard-optim=" << o.shard_optim
     << "\ngrad-reduce=" << o.grad_reduce << "\ncomm-sms=" << o.comm_sms
     << "\ngrad-transport=" << o.grad_transport << "\n";

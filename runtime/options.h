@@ -45,6 +45,10 @@ struct Options {
   std::string recompute = "none";  // none | ffn | block (model/recompute.h)
   // CUDA, one rank: each step's forwards and backwards recorded once as a CUDA graph and replayed.
   bool cuda_graph = false;
+  // CUDA, one rank, kernels launched one by one: AdamW on a side stream beside the next step's
+  // forward, which waits for each part of the update only where it first reads it. auto | on | off
+  // (auto: on where it applies).
+  std::string overlap_update = "auto";
   std::string ddp = "bucketed";
   double bucket_mb = 25;
   bool shard_optim = false;

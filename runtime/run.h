@@ -107,7 +107,9 @@ class Run {
   // backward, scaled by `scale`, with the gradient collectives when `reduce`.
   void micro_step(int64_t k, const MicroBatch* mb, float scale, bool backward, bool reduce);
   // Makes the parameters at offsets >= `from` current: waits for the ZeRO-1 all-gathers still
-  // writing any of them. Inside forward the wait is timed as exposed communication.
+  // writing any of them (inside forward timed as exposed communication), and makes the compute
+  // stream wait for the parts of an update still running beside it (inside forward timed as the
+  // optimizer's exposed time).
   void await_params(int64_t from, bool in_forward);
   // Waits, timed as exposed communication, for the gradient collectives of the units that begin
   // before flat element `end`; launches any that backward left.
@@ -200,6 +202,17 @@ class Run {
     CommHandle handle;
   };
   std::vector<PendingGather> gathers_;
+  // --overlap-update: the last update's parts still to be waited for by the next forward (the end
+  // of each part's range, and its mark on the update lane).
+  bool overlap_update_ = false;
+  struct PendingPart {
+    int64_t end;
+    int mark;
+  };
+  std::vector<PendingPart> updating_;
+  // The update lane's busy time and the updates it covers, summed over the steps collected.
+  double lane_ms_ = 0;
+  int64_t lane_updates_ = 0;
   std::unique_ptr<AdamW> opt_;
 #ifdef TRAINER_WITH_CUDA
   // One GPU: the gradient norm's pass runs beside backward (optim/cuda/adamw.cuh), for backwards
@@ -207,6 +220,8 @@ class Run {
   std::unique_ptr<cuda::OverlappedSumSquares> norm_overlap_;
   // --cuda-graph: AdamW's scalars for a recorded update.
   std::unique_ptr<cuda::DeviceStepArgs> step_args_;
+  // --overlap-update: the stream the update runs on beside the next forward.
+  std::unique_ptr<cuda::UpdateLane> update_lane_;
 #endif
   bool norm_overlap_wanted_ = false;
   double grad_norm_ = 0;       // of the last step

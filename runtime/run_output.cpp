@@ -112,6 +112,7 @@ void Run::log_step(int64_t s, double loss, double norm, const std::vector<PhaseT
       const PhaseTimes& t = ranks[k];
       json r = {{"host", places_[k].host}};
       for (int p = 0; p <= kCommTotal; ++p) r[std::string(time_slot_name(p)) + "_ms"] = t[p];
+      if (overlap_update_) r["optimizer_total_ms"] = t[kOptimizerTotal];
       per_rank.push_back(r);
     }
     j["ranks"] = per_rank;
@@ -141,16 +142,20 @@ void Run::report_timing(const std::vector<std::vector<PhaseTimes>>& rank_times, 
   spdlog::info("per-rank step timings, ms, mean ± std over {} steps{}:", n - skip,
                o_.benchmark ? fmt::format(" (after {} warm-up steps)", o_.warmup)
                             : fmt::format(" (first {} left out, --timing-warmup)", skip));
-  // Total collective time is measured on GPUs (CUDA events on the comm stream) only.
-  const int slots = grad_comm_ != &world_ ? kCommTotal + 1 : kNumPhases;
+  // Total collective time is measured on GPUs (CUDA events on the comm stream) only; the time of
+  // updates beside forward, with --overlap-update.
+  std::vector<int> slots;
+  for (int p = 0; p < kNumPhases; ++p) slots.push_back(p);
+  if (grad_comm_ != &world_) slots.push_back(kCommTotal);
+  if (overlap_update_) slots.push_back(kOptimizerTotal);
   size_t host_width = 4;
   for (const RankPlace& p : places_) host_width = std::max(host_width, p.host.size());
   std::string head = fmt::format("{:>6} {:<{}}", "rank", "host", host_width);
-  for (int p = 0; p < slots; ++p) head += fmt::format(" {:>17}", time_slot_name(p));
+  for (int p : slots) head += fmt::format(" {:>17}", time_slot_name(p));
   spdlog::info("{}", head);
   for (int r = 0; r < nranks_; ++r) {
     std::string row = fmt::format("{:>6} {:<{}}", r, places_[r].host, host_width);
-    for (int p = 0; p < slots; ++p) {
+    for (int p : slots) {
       std::vector<double> xs;
       for (int64_t s = skip; s < n; ++s) xs.push_back(rank_times[s][r][p]);
       const MeanStd ms = mean_std(xs);

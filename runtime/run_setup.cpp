@@ -177,6 +177,17 @@ int Run::check_inputs() {
           "--cuda-graph runs on one rank so far (world is {}): the gradient collectives of "
           "several ranks are not recorded into the graph",
           nranks_);
+    if (o_.overlap_update == "on") {
+      if (device_ == DeviceKind::kCpu)
+        usage_error("--overlap-update on needs --device cuda (the CPU backend has no streams)");
+      if (nranks_ > 1)
+        usage_error("--overlap-update on runs on one rank so far (world is {}); use auto or off",
+                    nranks_);
+      if (o_.cuda_graph)
+        usage_error(
+            "--overlap-update on and --cuda-graph exclude each other: the recorded step holds "
+            "its update");
+    }
     if (o_.grad_transport == "ce" && o_.grad_reduce == "bf16" && precision_ != Precision::kBf16)
       usage_error(
           "--grad-transport ce --grad-reduce bf16 keeps bf16 gradients, which needs --precision "
@@ -327,6 +338,14 @@ void Run::build(int gpu) {
       (strategy == SyncStrategy::kBucketed || strategy == SyncStrategy::kOverlap);
   update_parts_ = plan_update_parts(owned_.size(), pipelined_gather ? bucket_bytes : 0,
                                     ParamLayout::kAlignElems);
+  // One GPU, kernels launched one by one: the update beside the next forward, in the parts forward
+  // announces (its last part also holds the padding up to flat_).
+  overlap_update_ =
+      device_ == DeviceKind::kCuda && nranks_ == 1 && !o_.cuda_graph && o_.overlap_update != "off";
+  if (overlap_update_) {
+    update_parts_ = layout_.forward_parts();
+    update_parts_.back().end = flat_;
+  }
 
   ReplicaOptions ro;
   ro.max_batch = o_.batch;
@@ -335,6 +354,7 @@ void Run::build(int gpu) {
   ro.attention = o_.attention;
   ro.recompute = parse_recompute(o_.recompute);
   if (o_.cuda_graph) ro.graph_slots = static_cast<int>(o_.grad_accum);
+  ro.urgent_stream = overlap_update_;
   ro.optimizer_elems = owned_.size();
   ro.optimizer_bytes_per_elem = AdamW::state_bytes_per_elem(o_.adamw().moments);
   grad_copies_ = device_ == DeviceKind::kCuda && nranks_ > 1 && o_.grad_transport == "ce" &&
@@ -406,6 +426,9 @@ void Run::build(int gpu) {
         replica_->grads().as<const float>(), flat_, std::move(ends), replica_->stream());
     if (o_.cuda_graph) step_args_ = std::make_unique<cuda::DeviceStepArgs>();
   }
+  if (overlap_update_)
+    update_lane_ = std::make_unique<cuda::UpdateLane>(replica_->stream(),
+                                                      static_cast<int>(update_parts_.size()));
 #endif
 
   sync_ = std::make_unique<GradSync>(*grad_comm_, tensors, replica_->grads(), strategy,
@@ -484,11 +507,14 @@ void Run::log_run() {
     std::string per_rank;
     for (size_t r = 0; r < opt_bytes.size(); ++r)
       per_rank += fmt::format("{}rank {}: {}", r ? ", " : "", r, mib(opt_bytes[r]));
-    spdlog::info("optimizer state (fp32 master + {}m + v = {} B/param{}): {}",
+    spdlog::info("optimizer state (fp32 master + {}m + v = {} B/param{}): {}{}",
                  o_.adamw().moments == DType::kBF16 ? "bf16 " : "",
                  AdamW::state_bytes_per_elem(o_.adamw().moments),
                  shards_ ? fmt::format(" / {} ranks, ZeRO-1", nranks_) : std::string(", unsharded"),
-                 per_rank);
+                 per_rank,
+                 overlap_update_ ? fmt::format(" | update beside the next forward in {} parts",
+                                               update_parts_.size())
+                                 : "");
     spdlog::info("gradient sync: --ddp {}{} | {}", sync_strategy_name(strategy),
                  shards_        ? " + reduce-scatter (ZeRO-1)"
                  : grad_copies_ ? " + whole bf16 copies by copy engines, added in the update"

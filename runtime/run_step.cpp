@@ -159,6 +159,27 @@ void Run::micro_step(int64_t k, const MicroBatch* mb, float scale, bool backward
 }
 
 void Run::await_params(int64_t from, bool in_forward) {
+#ifdef TRAINER_WITH_CUDA
+  // Parts of the update beside forward: the compute stream waits on the GPU, the host goes on.
+  bool waits = false;
+  for (auto it = updating_.begin(); it != updating_.end();) {
+    if (it->end <= from) {
+      ++it;
+      continue;
+    }
+    if (!waits && in_forward) {
+      timer_->end(Phase::kForward);
+      timer_->begin(Phase::kOptimizer);
+    }
+    waits = true;
+    update_lane_->wait(it->mark);
+    it = updating_.erase(it);
+  }
+  if (waits && in_forward) {
+    timer_->end(Phase::kOptimizer);
+    timer_->begin(Phase::kForward);
+  }
+#endif
   std::vector<CommHandle> due;
   for (auto it = gathers_.begin(); it != gathers_.end();) {
     if (it->end > from) {
@@ -243,11 +264,23 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
     if (!step_skipped_) ++adam_steps_;
     // ZeRO-1: part k of every rank's slice is all-gathered while part k+1 is updated, and the
     // next forward waits for a part only when it reaches it. Parts run from the end of the slices
-    // to their start, the order forward reads the buffer (the embedding is last in it).
+    // to their start, the order forward reads the buffer (the embedding is last in it). With
+    // --overlap-update the parts run on the update lane, beside the next forward, which waits for
+    // each where it first reads it.
+    void* stream = replica_->stream();
+#ifdef TRAINER_WITH_CUDA
+    if (update_lane_ && !step_skipped_) {
+      update_lane_->begin();
+      stream = update_lane_->stream();
+    }
+#endif
     for (auto part = update_parts_.rbegin(); part != update_parts_.rend() && !step_skipped_;
          ++part) {
       opt_->step_part(*part, part_of(*part), params.slice(part->begin, part->size()),
-                      schedule_.at(s), adam_steps_, multiplier, replica_->stream());
+                      schedule_.at(s), adam_steps_, multiplier, stream);
+#ifdef TRAINER_WITH_CUDA
+      if (update_lane_) updating_.push_back({owned_.begin + part->end, update_lane_->mark()});
+#endif
       if (!gather) continue;
       std::vector<Range> segments;
       int64_t end = 0;
@@ -259,6 +292,7 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
       gathers_.push_back({end, grad_comm_->all_gather(replica_->params(), segments)});
     }
 #ifdef TRAINER_WITH_CUDA
+    if (update_lane_ && !step_skipped_) update_lane_->end();
     nvtxRangePop();
 #endif
   }
@@ -270,6 +304,16 @@ PhaseTimes Run::collect_times(int64_t s, bool last) {
     await_params(0, false);
     replica_->synchronize();
   }
+#ifdef TRAINER_WITH_CUDA
+  // The updates that ran beside forward and have finished (the previous step's, normally).
+  if (update_lane_) {
+    int64_t updates = 0;
+    const double ms = update_lane_->take_busy_ms(last, updates);
+    times[kOptimizerTotal] += ms;
+    lane_ms_ += ms;
+    lane_updates_ += updates;
+  }
+#endif
   std::vector<std::pair<std::string, std::pair<double, double>>> collectives;
 #ifdef TRAINER_WITH_CUDA
   if (nccl_)

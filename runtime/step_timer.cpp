@@ -27,7 +27,9 @@ const char* phase_name(Phase p) {
 }
 
 const char* time_slot_name(int slot) {
-  return slot == kCommTotal ? "comm_total" : phase_name(static_cast<Phase>(slot));
+  if (slot == kCommTotal) return "comm_total";
+  if (slot == kOptimizerTotal) return "optimizer_total";
+  return phase_name(static_cast<Phase>(slot));
 }
 
 namespace {

@@ -18,11 +18,13 @@ namespace trainer {
 enum class Phase { kData, kForward, kBackward, kComm, kOptimizer, kStep };
 constexpr int kNumPhases = 6;
 const char* phase_name(Phase p);
-// Milliseconds per phase, plus one more slot: the total time collectives ran on the comm stream
-// (hidden or not; measured on GPUs), so exposed and total communication can be compared.
+// Milliseconds per phase, plus two more slots: the total time collectives ran on the comm stream
+// (hidden or not; measured on GPUs), so exposed and total communication can be compared; and the
+// time updates ran beside forward (--overlap-update), whose exposed part the optimizer phase is.
 constexpr int kCommTotal = kNumPhases;
-using PhaseTimes = std::array<double, kNumPhases + 1>;
-const char* time_slot_name(int slot);  // phase names, then "comm_total"
+constexpr int kOptimizerTotal = kNumPhases + 1;
+using PhaseTimes = std::array<double, kNumPhases + 2>;
+const char* time_slot_name(int slot);  // phase names, then "comm_total", "optimizer_total"
 
 // One interval of the last collected step, in milliseconds since the timer's origin.
 struct PhaseInterval {

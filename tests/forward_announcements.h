@@ -1,6 +1,6 @@
 // What forward must announce through ParamsNeededFn (model/replica.h), checked the same way for
 // the CPU and the CUDA replica: the embedding first, one offset per block, the head last at
-// offset 0, strictly decreasing.
+// offset 0, strictly decreasing; the begins of ParamLayout::forward_parts(), last first.
 #pragma once
 
 #include <algorithm>
@@ -18,4 +18,8 @@ inline void check_forward_announcements(const trainer::ParamLayout& L, int64_t n
   CHECK(offsets.back() == 0);
   CHECK(std::adjacent_find(offsets.begin(), offsets.end(), std::less_equal<int64_t>()) ==
         offsets.end());  // strictly decreasing
+  // The parts an update beside forward is split into begin where forward announces.
+  std::vector<int64_t> begins;
+  for (const trainer::Range& r : L.forward_parts()) begins.insert(begins.begin(), r.begin);
+  CHECK(begins == offsets);
 }

@@ -125,6 +125,34 @@ const TrainResult& reference(const std::string& precision = "fp32") {
   return refs[precision];
 }
 
+#ifdef TEST_ON_GPU
+// The runs the step-scheduling features (--cuda-graph, --overlap-update) are checked on, one GPU:
+// gradient accumulation, recompute with validation passes between steps, fp32 with the simple
+// attention, and fp16 whose loss scale changes after a skipped update.
+std::vector<std::vector<std::string>> one_gpu_cases() {
+  const std::string val = scratch() + "/tokens.npy";
+  return {
+      {"--precision", "bf16", "--batch", "12", "--grad-accum", "2"},
+      {"--precision", "bf16", "--batch", "24", "--recompute", "block", "--eval-every", "5",
+       "--val-data", val},
+      {"--precision", "fp32", "--batch", "8", "--grad-accum", "3", "--attn", "simple"},
+      {"--precision", "fp16", "--batch", "24", "--loss-scale-window", "3",
+       "--debug-inf-grad-at-step", "4"},
+  };
+}
+
+// `b` trained exactly as `a` did: the same losses, validation losses, loss scales, skipped
+// updates and final parameters, bit for bit.
+void check_identical(const TrainResult& b, const TrainResult& a) {
+  REQUIRE(b.losses.size() == static_cast<size_t>(kSteps));
+  CHECK(b.losses == a.losses);
+  CHECK(b.val_losses == a.val_losses);
+  CHECK(b.loss_scales == a.loss_scales);
+  CHECK(b.skipped == a.skipped);
+  REQUIRE(b.params == a.params);
+}
+#endif
+
 }  // namespace
 
 TEST_CASE("every strategy, sharded or not, with or without grad-accum, equals one process",
@@ -607,16 +635,7 @@ TEST_CASE("--cuda-graph trains to the very parameters of launching each kernel",
   spdlog::set_level(spdlog::level::err);
   MpiCommunicator world(MPI_COMM_WORLD);
   MpiCommunicator self(MPI_COMM_SELF);
-  const std::string val = scratch() + "/tokens.npy";
-  const std::vector<std::vector<std::string>> cases = {
-      {"--precision", "bf16", "--batch", "12", "--grad-accum", "2"},
-      {"--precision", "bf16", "--batch", "24", "--recompute", "block", "--eval-every", "5",
-       "--val-data", val},
-      {"--precision", "fp32", "--batch", "8", "--grad-accum", "3", "--attn", "simple"},
-      {"--precision", "fp16", "--batch", "24", "--loss-scale-window", "3",
-       "--debug-inf-grad-at-step", "4"},
-  };
-  for (std::vector<std::string> args : cases) {
+  for (std::vector<std::string> args : one_gpu_cases()) {
     args.insert(args.end(), {"--ddp", "none"});
     const TrainResult eager = run_training(make_options(args), self, /*keep_params=*/true);
     args.push_back("--cuda-graph");
@@ -624,12 +643,7 @@ TEST_CASE("--cuda-graph trains to the very parameters of launching each kernel",
     for (const std::string& a : args) what += a + " ";
     INFO(what);
     const TrainResult graph = run_training(make_options(args), self, /*keep_params=*/true);
-    REQUIRE(graph.losses.size() == static_cast<size_t>(kSteps));
-    CHECK(graph.losses == eager.losses);
-    CHECK(graph.val_losses == eager.val_losses);
-    CHECK(graph.loss_scales == eager.loss_scales);
-    CHECK(graph.skipped == eager.skipped);
-    REQUIRE(graph.params == eager.params);
+    check_identical(graph, eager);
     if (args[1] == "fp16") {  // the scale changed: the step was recorded more than once
       CHECK(std::count(graph.skipped.begin(), graph.skipped.end(), true) == 1);
       CHECK(graph.loss_scales.front() != graph.loss_scales.back());
@@ -641,6 +655,89 @@ TEST_CASE("--cuda-graph trains to the very parameters of launching each kernel",
         run_training(make_options({"--batch", std::to_string(kGlobalBatch / w), "--cuda-graph"}),
                      world),
         ContainsSubstring("--cuda-graph runs on one rank so far"));
+}
+
+// --overlap-update runs each AdamW update on a stream of its own beside the next forward, which
+// waits for each part where it first reads it: the same kernels in an order that respects every
+// dependency, so the very losses and parameters of the serial update. Covered: gradient
+// accumulation, validation between steps (its forward reads every part), recompute, fp32 with
+// the simple attention, fp16 with a skipped update, and a checkpoint saved while an update may
+// still be running, resumed without the overlap.
+TEST_CASE("--overlap-update trains to the very parameters of the serial update",
+          "[overlap-update]") {
+  spdlog::set_level(spdlog::level::err);
+  MpiCommunicator world(MPI_COMM_WORLD);
+  MpiCommunicator self(MPI_COMM_SELF);
+  for (std::vector<std::string> args : one_gpu_cases()) {
+    args.insert(args.end(), {"--ddp", "none"});
+    std::vector<std::string> serial = args, overlapped = args;
+    serial.insert(serial.end(), {"--overlap-update", "off"});
+    overlapped.insert(overlapped.end(), {"--overlap-update", "on"});
+    std::string what;
+    for (const std::string& a : args) what += a + " ";
+    INFO(what);
+    const TrainResult a = run_training(make_options(serial), self, /*keep_params=*/true);
+    check_identical(run_training(make_options(overlapped), self, /*keep_params=*/true), a);
+  }
+  // A checkpoint of the overlapped run holds the finished update: resumed serially, it ends where
+  // the serial run does.
+  if (world.rank() == 0) {
+    const std::string out = scratch() + "/overlap_ckpt";
+    const std::vector<std::string> base = {"--precision", "bf16", "--batch", "24", "--ddp", "none"};
+    auto with = [&](std::vector<std::string> extra) {
+      std::vector<std::string> v = base;
+      v.insert(v.end(), extra.begin(), extra.end());
+      return make_options(v);
+    };
+    const TrainResult whole =
+        run_training(with({"--overlap-update", "off"}), self, /*keep_params=*/true);
+    run_training(with({"--overlap-update", "on", "--out", out, "--save-every", "5"}), self);
+    const TrainResult resumed = run_training(
+        with({"--overlap-update", "off", "--resume", out + "/step_5"}), self, /*keep_params=*/true);
+    REQUIRE(resumed.params == whole.params);
+    fs::remove_all(out);
+  }
+  // Where it cannot apply, asking for it is refused on every rank.
+  const int w = world.world();
+  REQUIRE_THROWS_WITH(run_training(make_options({"--batch", std::to_string(kGlobalBatch / w),
+                                                 "--overlap-update", "on", "--cuda-graph"}),
+                                   world),
+                      ContainsSubstring(w > 1 ? "--cuda-graph runs on one rank so far"
+                                              : "--overlap-update on and --cuda-graph"));
+  if (w > 1)
+    REQUIRE_THROWS_WITH(run_training(make_options({"--batch", std::to_string(kGlobalBatch / w),
+                                                   "--overlap-update", "on"}),
+                                     world),
+                        ContainsSubstring("--overlap-update on runs on one rank so far"));
+}
+
+// The benchmark of a step with the update beside forward reports the update's own time besides
+// its exposed part (the optimizer phase), in the step's times and its --csv row.
+TEST_CASE("--overlap-update benchmarks report the update's time beside forward",
+          "[overlap-update]") {
+  spdlog::set_level(spdlog::level::err);
+  MpiCommunicator self(MPI_COMM_SELF);
+  const std::string csv = scratch() + "/overlap_bench.csv";
+  const TrainResult r = run_training(
+      make_options({"--benchmark", "--mode", "train", "--ddp", "none", "--batch", "8",
+                    "--precision", "bf16", "--warmup", "2", "--steps", "4", "--csv", csv}),
+      self);
+  REQUIRE(r.rank_times.size() == 4);
+  double lane = 0;
+  for (const std::vector<PhaseTimes>& step : r.rank_times) {
+    const PhaseTimes& t = step.at(0);
+    CHECK(t[static_cast<int>(Phase::kOptimizer)] >= 0);
+    lane += t[kOptimizerTotal];
+  }
+  CHECK(lane > 0);
+  std::ifstream in(csv);
+  std::string header, row;
+  std::getline(in, header);
+  std::getline(in, row);
+  const std::string last_columns = ",optimizer_total_ms,overlap_update";
+  CHECK(header.substr(header.size() - last_columns.size()) == last_columns);
+  CHECK(row.substr(row.size() - 2) == ",1");
+  fs::remove(csv);
 }
 
 // --benchmark records each mode's work (forward only, forward and backward, the whole training

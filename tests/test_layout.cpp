@@ -64,3 +64,19 @@ TEST_CASE("padded_total gives equal aligned shards") {
     REQUIRE(p % (ParamLayout::kAlignElems * w) == 0);
   }
 }
+
+TEST_CASE("forward_parts tile the buffer: the head, each block, the embedding") {
+  for (const std::string name : {"tiny", "small", "2.7B"}) {
+    INFO(name);
+    const ModelConfig c = preset(name);
+    ParamLayout L(c);
+    const std::vector<Range> parts = L.forward_parts();
+    REQUIRE(parts.size() == static_cast<size_t>(c.n_layers + 2));
+    CHECK(parts.front().begin == 0);
+    CHECK(parts.back().end == L.total());
+    CHECK(parts.back().begin == L.find("token_embeddings.weight").offset);
+    for (size_t i = 1; i < parts.size(); ++i) CHECK(parts[i].begin == parts[i - 1].end);
+    for (int l = 0; l < c.n_layers; ++l)
+      CHECK(parts[static_cast<size_t>(c.n_layers - l)].begin == L.block_offset(l));
+  }
+}

@@ -395,7 +395,10 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
         gib(need), gib(param_bytes), gib(grad_bytes), gib(arena_bytes_), gib(optim_bytes),
         gib(work_bytes), gib(static_cast<double>(free_bytes)), device_index_, kOutOfMemoryAdvice);
 
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.s, cudaStreamNonBlocking));
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&stream_.s, cudaStreamNonBlocking,
+                                          o.urgent_stream ? greatest : least));
   mm_ = std::make_unique<Matmul>();
   params_ = DeviceBuffer(DeviceKind::kCuda, dtype_of<T>(), flat_);
   grads_ = DeviceBuffer(DeviceKind::kCuda, grad_dtype_, flat_);

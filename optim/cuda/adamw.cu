@@ -457,7 +457,11 @@ OverlappedSumSquares::OverlappedSumSquares(const float* grads, int64_t n,
       ++launches;
       begin = m.ends[t];
     }
-  CUDA_CHECK(cudaStreamCreateWithFlags(&m.side, cudaStreamNonBlocking));
+  // The compute stream's priority: the pass shares the GPU with backward as before when forward
+  // and backward run above an update beside them (UpdateLane).
+  int priority = 0;
+  CUDA_CHECK(cudaStreamGetPriority(m.compute, &priority));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&m.side, cudaStreamNonBlocking, priority));
   m.events.resize(static_cast<size_t>(launches));
   for (cudaEvent_t& e : m.events) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&m.joined, cudaEventDisableTiming));
@@ -566,6 +570,105 @@ double OverlappedSumSquares::total() {
   m.active = false;
   double sum = 0.0;
   for (int64_t i = 0; i < m.partial_count; ++i) sum += m.host[i];
+  return sum;
+}
+
+// ---- the update beside the next forward ----
+
+struct UpdateLane::Impl {
+  cudaStream_t compute = nullptr, lane = nullptr;
+  cudaEvent_t queued = nullptr;    // compute -> lane
+  std::vector<cudaEvent_t> parts;  // lane -> compute, one per part of an update
+  int marked = 0;                  // parts of the current update
+  struct Span {
+    cudaEvent_t start, stop;
+  };
+  std::vector<Span> pending, spare;  // updates not yet read back; events to reuse
+  Span open{};
+};
+
+UpdateLane::UpdateLane(void* compute, int parts) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.compute = as_stream(compute);
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&m.lane, cudaStreamNonBlocking, least));
+  CUDA_CHECK(cudaEventCreateWithFlags(&m.queued, cudaEventDisableTiming));
+  m.parts.resize(static_cast<size_t>(parts));
+  for (cudaEvent_t& e : m.parts) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+UpdateLane::~UpdateLane() {
+  Impl& m = *impl_;
+  cudaStreamSynchronize(m.lane);
+  for (cudaEvent_t e : m.parts) cudaEventDestroy(e);
+  for (const auto* list : {&m.pending, &m.spare})
+    for (const Impl::Span& s : *list) {
+      cudaEventDestroy(s.start);
+      cudaEventDestroy(s.stop);
+    }
+  cudaEventDestroy(m.queued);
+  cudaStreamDestroy(m.lane);
+}
+
+void UpdateLane::begin() {
+  Impl& m = *impl_;
+  CUDA_CHECK(cudaEventRecord(m.queued, m.compute));
+  CUDA_CHECK(cudaStreamWaitEvent(m.lane, m.queued, 0));
+  if (m.spare.empty()) {
+    Impl::Span s{};
+    CUDA_CHECK(cudaEventCreate(&s.start));
+    CUDA_CHECK(cudaEventCreate(&s.stop));
+    m.spare.push_back(s);
+  }
+  m.open = m.spare.back();
+  m.spare.pop_back();
+  CUDA_CHECK(cudaEventRecord(m.open.start, m.lane));
+  m.marked = 0;
+}
+
+void* UpdateLane::stream() const { return impl_->lane; }
+
+int UpdateLane::mark() {
+  Impl& m = *impl_;
+  TRAINER_CHECK(m.marked < static_cast<int>(m.parts.size()), "update lane: more than {} parts",
+                m.parts.size());
+  CUDA_CHECK(cudaEventRecord(m.parts[m.marked], m.lane));
+  return m.marked++;
+}
+
+void UpdateLane::end() {
+  Impl& m = *impl_;
+  CUDA_CHECK(cudaEventRecord(m.open.stop, m.lane));
+  m.pending.push_back(m.open);
+}
+
+void UpdateLane::wait(int k) {
+  Impl& m = *impl_;
+  TRAINER_CHECK(k >= 0 && k < m.marked, "update lane: no part {}", k);
+  CUDA_CHECK(cudaStreamWaitEvent(m.compute, m.parts[k], 0));
+}
+
+double UpdateLane::take_busy_ms(bool all, int64_t& updates) {
+  Impl& m = *impl_;
+  double sum = 0;
+  size_t done = 0;
+  for (; done < m.pending.size(); ++done) {
+    const Impl::Span& s = m.pending[done];
+    if (all) {
+      CUDA_CHECK(cudaEventSynchronize(s.stop));
+    } else {
+      const cudaError_t q = cudaEventQuery(s.stop);
+      if (q == cudaErrorNotReady) break;
+      CUDA_CHECK(q);
+    }
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, s.start, s.stop));
+    sum += ms;
+    m.spare.push_back(s);
+  }
+  m.pending.erase(m.pending.begin(), m.pending.begin() + static_cast<std::ptrdiff_t>(done));
+  updates = static_cast<int64_t>(done);
   return sum;
 }
 

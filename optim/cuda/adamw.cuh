@@ -161,5 +161,40 @@ class OverlappedSumSquares {
   std::unique_ptr<Impl> impl_;
 };
 
+// One GPU: AdamW beside the next step's forward. The update's kernels go on a stream of their own
+// (the lowest priority), part by part in the order forward reads the parameters, with an event
+// after each part; forward makes the compute stream wait for a part's event just before it first
+// reads that part (Run::await_params). Forward thus reads exactly the updated parameters, so the
+// numbers are those of the serial update, bit for bit, while the update's memory traffic runs
+// under forward's GEMMs. The host never waits for the lane inside a step.
+class UpdateLane {
+ public:
+  // compute: the replica's stream; parts: the most parts one update has.
+  UpdateLane(void* compute, int parts);
+  ~UpdateLane();
+  UpdateLane(const UpdateLane&) = delete;
+  UpdateLane& operator=(const UpdateLane&) = delete;
+
+  // Begins an update: the lane's next work follows everything queued on the compute stream so
+  // far (backward's last writes of the gradients).
+  void begin();
+  // The stream the update's kernels go on.
+  void* stream() const;
+  // Ends the part just enqueued; returns its number for wait().
+  int mark();
+  // Ends the update (after its last part).
+  void end();
+  // The compute stream waits (on the GPU) for part `k` of the last update.
+  void wait(int k);
+  // Milliseconds the lane was busy with updates that have finished since the last call (CUDA
+  // events around each update), and how many there were (`updates`); with `all`, first waits for
+  // the last update.
+  double take_busy_ms(bool all, int64_t& updates);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace cuda
 }  // namespace trainer
