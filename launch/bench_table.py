@@ -20,8 +20,8 @@ def render(path, anchors=False):
     head = rows[0]
     col = {name: i for i, name in enumerate(head)}
     # Newer CSVs also record the gradient precision, --comm-sms, NCCL's environment and the time
-    # the collectives ran on the comm stream.
-    extra = "comm_total_ms" in col
+    # the collectives ran on the comm stream (a column only when some row has several ranks).
+    extra = "comm_total_ms" in col and any(r[col["world"]] != "1" for r in rows[1:] if r[0] != "oom")
     out = ["| model | world | ddp | batch×ctx | step ms (median) | mean ± std | fwd ms | bwd ms "
            "| comm ms | opt ms | tok/s | MFU | peak GiB |" + (" vs eager |" if anchors else "")
            + (" collectives ran ms |" if extra else "")]
@@ -70,10 +70,14 @@ def render(path, anchors=False):
         if g("grad_accum") not in ("", "1"):
             shape += f" ×{g('grad_accum')} accum"
         mfu = f"{100 * f('mfu'):.1f}%" if f("mfu") > 0 else "—"  # no peak known (CPU)
+        opt = f"{f('optimizer_ms'):.2f}"
+        if g("overlap_update") == "1" and g("optimizer_total_ms") not in ("", "0.0000"):
+            # --overlap-update: the exposed part, then the update's own time beside forward.
+            opt += f" ({f('optimizer_total_ms'):.2f} beside fwd)"
         line = (f"| {model} | {world} | {ddp} | {shape} "
                 f"| {f('step_median_ms'):.2f} | {f('step_ms'):.2f} ± {f('step_std'):.2f} "
                 f"| {f('forward_ms'):.2f} | {f('backward_ms'):.2f} | {f('comm_ms'):.2f} "
-                f"| {f('optimizer_ms'):.2f} | {f('tokens_per_s'):,.0f} "
+                f"| {opt} | {f('tokens_per_s'):,.0f} "
                 f"| {mfu} "
                 f"| {f('peak_mem_gib'):.1f} |")
         if anchors:
