@@ -48,25 +48,34 @@ constexpr int kSteps = 10;
 const std::vector<std::string> kDevice = {"--device", "cpu"};
 #endif
 
-// A shared scratch directory with a token file, made by rank 0.
+// A shared scratch directory with a token file, made by rank 0 and removed by it when the program
+// exits (after main's MPI_Finalize, so every rank is done with it).
 const std::string& scratch() {
-  static std::string dir = [] {
-    MpiCommunicator w(MPI_COMM_WORLD);
-    std::string d;
-    if (w.rank() == 0) {
-      char tmpl[] = "/tmp/trainer_dist_XXXXXX";
-      d = mkdtemp(tmpl);
-      std::vector<uint16_t> tokens(6000);
-      uint64_t x = 42;
-      for (auto& t : tokens) {
-        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-        t = static_cast<uint16_t>((x >> 33) % 61);
-      }
-      write_npy_u16(d + "/tokens.npy", tokens.data(), static_cast<int64_t>(tokens.size()));
+  static struct Dir {
+    std::string path;
+    bool owner = false;
+    ~Dir() {
+      std::error_code ec;
+      if (owner) fs::remove_all(path, ec);
     }
-    return w.broadcast_string(d, 0);
-  }();
-  return dir;
+  } dir;
+  if (!dir.path.empty()) return dir.path;
+  MpiCommunicator w(MPI_COMM_WORLD);
+  std::string d;
+  if (w.rank() == 0) {
+    char tmpl[] = "/tmp/trainer_dist_XXXXXX";
+    d = mkdtemp(tmpl);
+    dir.owner = true;
+    std::vector<uint16_t> tokens(6000);
+    uint64_t x = 42;
+    for (auto& t : tokens) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      t = static_cast<uint16_t>((x >> 33) % 61);
+    }
+    write_npy_u16(d + "/tokens.npy", tokens.data(), static_cast<int64_t>(tokens.size()));
+  }
+  dir.path = w.broadcast_string(d, 0);
+  return dir.path;
 }
 
 Options make_options(std::vector<std::string> args) {
