@@ -293,7 +293,9 @@ void Run::write_trace() {
   f << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   bool first = true;
   for (int r = 0; r < nranks_; ++r) {
-    for (const auto& [tid, label] : {std::pair{0, "compute stream"}, std::pair{1, "comm stream"}}) {
+    std::vector<std::pair<int, const char*>> tracks = {{0, "compute stream"}, {1, "comm stream"}};
+    if (overlap_update_) tracks.emplace_back(2, "update beside forward");
+    for (const auto& [tid, label] : tracks) {
       f << (first ? "" : ",\n")
         << json{{"name", "thread_name"},
                 {"ph", "M"},

@@ -306,12 +306,12 @@ PhaseTimes Run::collect_times(int64_t s, bool last) {
   }
 #ifdef TRAINER_WITH_CUDA
   // The updates that ran beside forward and have finished (the previous step's, normally).
-  if (update_lane_) {
-    int64_t updates = 0;
-    const double ms = update_lane_->take_busy_ms(last, updates);
-    times[kOptimizerTotal] += ms;
-    lane_ms_ += ms;
-    lane_updates_ += updates;
+  std::vector<std::pair<double, double>> updates;
+  if (update_lane_) updates = update_lane_->take_spans(last, timer_->origin_event());
+  for (const auto& [a, b] : updates) {
+    times[kOptimizerTotal] += b - a;
+    lane_ms_ += b - a;
+    ++lane_updates_;
   }
 #endif
   std::vector<std::pair<std::string, std::pair<double, double>>> collectives;
@@ -323,7 +323,8 @@ PhaseTimes Run::collect_times(int64_t s, bool last) {
     }
 #endif
   if (!o_.trace.empty()) {
-    // One process per rank, one track per stream (tid 0 compute, 1 communication).
+    // One process per rank, one track per stream (tid 0 compute, 1 communication, 2 the update
+    // beside forward).
     auto event = [&](const std::string& name, int tid, double a, double b) {
       trace_.push_back(json{{"name", name},
                             {"ph", "X"},
@@ -337,6 +338,9 @@ PhaseTimes Run::collect_times(int64_t s, bool last) {
     for (const PhaseInterval& iv : timer_->intervals())
       if (iv.phase != Phase::kStep) event(phase_name(iv.phase), 0, iv.start_ms, iv.end_ms);
     for (const auto& [name, t] : collectives) event(name, 1, t.first, t.second);
+#ifdef TRAINER_WITH_CUDA
+    for (const auto& [a, b] : updates) event("AdamW update", 2, a, b);
+#endif
   }
   return times;
 }

@@ -721,16 +721,18 @@ TEST_CASE("--overlap-update trains to the very parameters of the serial update",
 }
 
 // The benchmark of a step with the update beside forward reports the update's own time besides
-// its exposed part (the optimizer phase), in the step's times and its --csv row.
+// its exposed part (the optimizer phase), in the step's times, its --csv row and its --trace.
 TEST_CASE("--overlap-update benchmarks report the update's time beside forward",
           "[overlap-update]") {
   spdlog::set_level(spdlog::level::err);
   MpiCommunicator self(MPI_COMM_SELF);
   const std::string csv = scratch() + "/overlap_bench.csv";
-  const TrainResult r = run_training(
-      make_options({"--benchmark", "--mode", "train", "--ddp", "none", "--batch", "8",
-                    "--precision", "bf16", "--warmup", "2", "--steps", "4", "--csv", csv}),
-      self);
+  const std::string trace = scratch() + "/overlap_trace.json";
+  const TrainResult r =
+      run_training(make_options({"--benchmark", "--mode", "train", "--ddp", "none", "--batch", "8",
+                                 "--precision", "bf16", "--warmup", "2", "--steps", "4", "--csv",
+                                 csv, "--trace", trace}),
+                   self);
   REQUIRE(r.rank_times.size() == 4);
   double lane = 0;
   for (const std::vector<PhaseTimes>& step : r.rank_times) {
@@ -747,6 +749,18 @@ TEST_CASE("--overlap-update benchmarks report the update's time beside forward",
   CHECK(header.substr(header.size() - last_columns.size()) == last_columns);
   CHECK(row.substr(row.size() - 2) == ",1");
   fs::remove(csv);
+  // Every update, warm-up steps' included, is a slice on its own track of the trace.
+  std::ifstream t(trace);
+  const nlohmann::json events = nlohmann::json::parse(t)["traceEvents"];
+  int updates = 0;
+  for (const auto& e : events)
+    if (e.value("tid", -1) == 2 && e.value("ph", "") == "X") {
+      CHECK(e["name"] == "AdamW update");
+      CHECK(e["dur"].get<double>() > 0);
+      ++updates;
+    }
+  CHECK(updates == 6);
+  fs::remove(trace);
 }
 
 // --benchmark records each mode's work (forward only, forward and backward, the whole training

@@ -649,9 +649,9 @@ void UpdateLane::wait(int k) {
   CUDA_CHECK(cudaStreamWaitEvent(m.compute, m.parts[k], 0));
 }
 
-double UpdateLane::take_busy_ms(bool all, int64_t& updates) {
+std::vector<std::pair<double, double>> UpdateLane::take_spans(bool all, void* origin) {
   Impl& m = *impl_;
-  double sum = 0;
+  std::vector<std::pair<double, double>> spans;
   size_t done = 0;
   for (; done < m.pending.size(); ++done) {
     const Impl::Span& s = m.pending[done];
@@ -662,14 +662,14 @@ double UpdateLane::take_busy_ms(bool all, int64_t& updates) {
       if (q == cudaErrorNotReady) break;
       CUDA_CHECK(q);
     }
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, s.start, s.stop));
-    sum += ms;
+    float a = 0, b = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&a, static_cast<cudaEvent_t>(origin), s.start));
+    CUDA_CHECK(cudaEventElapsedTime(&b, static_cast<cudaEvent_t>(origin), s.stop));
+    spans.emplace_back(a, b);
     m.spare.push_back(s);
   }
   m.pending.erase(m.pending.begin(), m.pending.begin() + static_cast<std::ptrdiff_t>(done));
-  updates = static_cast<int64_t>(done);
-  return sum;
+  return spans;
 }
 
 }  // namespace trainer::cuda

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/bf16.h"
@@ -186,10 +187,10 @@ class UpdateLane {
   void end();
   // The compute stream waits (on the GPU) for part `k` of the last update.
   void wait(int k);
-  // Milliseconds the lane was busy with updates that have finished since the last call (CUDA
-  // events around each update), and how many there were (`updates`); with `all`, first waits for
-  // the last update.
-  double take_busy_ms(bool all, int64_t& updates);
+  // The updates that have finished since the last call, each as (start, end) in milliseconds
+  // after `origin` (a cudaEvent_t recorded earlier, the step timer's), from CUDA events around
+  // each update; with `all`, first waits for the last update.
+  std::vector<std::pair<double, double>> take_spans(bool all, void* origin);
 
  private:
   struct Impl;
