@@ -23,7 +23,10 @@ def main():
         if e.get("ph") != "X":
             continue
         span = (e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3, e["name"])
-        (phases if e.get("tid") == 0 else colls)[e["pid"]].append(span)
+        if e.get("tid") == 0:
+            phases[e["pid"]].append(span)
+        elif e.get("tid") == 1:  # (track 2 holds an update beside forward, --overlap-update)
+            colls[e["pid"]].append(span)
     grads = {r: [c for c in cs if not c[2].startswith("all_gather")] for r, cs in colls.items()}
     gathers = {r: [c for c in cs if c[2].startswith("all_gather")] for r, cs in colls.items()}
     table(phases, grads, "backward", "collectives")
