@@ -57,6 +57,9 @@ struct ReplicaOptions {
   // CUDA: the compute stream at the highest priority, so that work on lower streams beside it
   // (the update beside the next forward) takes only the SMs its kernels leave.
   bool urgent_stream = false;
+  // CUDA: SMs forward's GEMMs leave to the update beside them, while one is in flight
+  // (Replica::set_update_in_flight).
+  int update_sms = 0;
 };
 
 // One line of the memory report: what a buffer holds, and its bytes as allocated.
@@ -143,6 +146,9 @@ class Replica {
   // The compute stream (a cudaStream_t on CUDA, nullptr on the CPU): collectives on gradients
   // are ordered after the work queued on it.
   virtual void* stream() { return nullptr; }
+  // Whether an update runs beside the next forward (ReplicaOptions::update_sms; no-op on the
+  // CPU).
+  virtual void set_update_in_flight(bool) {}
 };
 
 // The CPU reference replica (fp32).

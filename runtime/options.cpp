@@ -123,6 +123,10 @@ Options parse_options(int argc, char** argv) {
                  "auto | on | off: AdamW on a side stream beside the next step's forward, which "
                  "waits for each part of the parameters only where it first reads it (one GPU "
                  "without --cuda-graph; the same numbers; auto: on where it applies)");
+  app.add_option("--update-sms", o.update_sms,
+                 "with the update beside forward: forward's GEMMs are planned for this many SMs "
+                 "fewer than the GPU has while the update runs, leaving those SMs to it (0 = "
+                 "every SM to the GEMMs)");
   app.add_option("--ddp", o.ddp, "none | naive | flat | overlap | bucketed");
   app.add_option(
       "--bucket-mb", o.bucket_mb,
@@ -226,6 +230,8 @@ void validate_options(const Options& o) {
         "fp32 sums by copy engines with --grad-reduce fp32)");
   if (o.comm_sms < 0 || o.comm_sms > 64)
     usage_error("--comm-sms must lie in [0, 64] (got {})", o.comm_sms);
+  if (o.update_sms < 0 || o.update_sms > 64)
+    usage_error("--update-sms must lie in [0, 64] (got {})", o.update_sms);
   if (!(o.time_limit_min >= 0) || !std::isfinite(o.time_limit_min))
     usage_error("--time-limit must be a finite number of minutes >= 0 (got {})", o.time_limit_min);
   if (!(o.comm_timeout > 0))
@@ -278,7 +284,7 @@ std::string settings_fingerprint(const Options& o) {
     << "\neval-every=" << o.eval_every << "\neval-batches=" << o.eval_batches << "\n";
   s << "device=" << o.device << "\nprecision=" << o.precision << "\nattn=" << o.attention
     << "\nrecompute=" << o.recompute << "\ncuda-graph=" << o.cuda_graph
-    << "\noverlap-update=" << o.overlap_update << "\n";
+    << "\noverlap-update=" << o.overlap_update << "\nupdate-sms=" << o.update_sms << "\n";
   s << "ddp=" << o.ddp << "\nbucket-mb=" << o.bucket_mb << "\nshard-optim=" << o.shard_optim
     << "\ngrad-reduce=" << o.grad_reduce << "\ncomm-sms=" << o.comm_sms
     << "\ngrad-transport=" << o.grad_transport << "\n";

@@ -49,6 +49,7 @@ struct Options {
   // forward, which waits for each part of the update only where it first reads it. auto | on | off
   // (auto: on where it applies).
   std::string overlap_update = "auto";
+  int update_sms = 0;  // SMs forward's GEMMs leave to the update beside them (0 = every SM theirs)
   std::string ddp = "bucketed";
   double bucket_mb = 25;
   bool shard_optim = false;

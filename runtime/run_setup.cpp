@@ -177,6 +177,12 @@ int Run::check_inputs() {
           "--cuda-graph runs on one rank so far (world is {}): the gradient collectives of "
           "several ranks are not recorded into the graph",
           nranks_);
+    if (o_.update_sms > 0 &&
+        (device_ == DeviceKind::kCpu || nranks_ > 1 || o_.cuda_graph || o_.overlap_update == "off"))
+      usage_error(
+          "--update-sms {} needs the update beside forward, which this run does not use (one GPU, "
+          "no --cuda-graph, --overlap-update auto or on)",
+          o_.update_sms);
     if (o_.overlap_update == "on") {
       if (device_ == DeviceKind::kCpu)
         usage_error("--overlap-update on needs --device cuda (the CPU backend has no streams)");
@@ -355,6 +361,7 @@ void Run::build(int gpu) {
   ro.recompute = parse_recompute(o_.recompute);
   if (o_.cuda_graph) ro.graph_slots = static_cast<int>(o_.grad_accum);
   ro.urgent_stream = overlap_update_;
+  ro.update_sms = overlap_update_ ? o_.update_sms : 0;
   ro.optimizer_elems = owned_.size();
   ro.optimizer_bytes_per_elem = AdamW::state_bytes_per_elem(o_.adamw().moments);
   grad_copies_ = device_ == DeviceKind::kCuda && nranks_ > 1 && o_.grad_transport == "ce" &&

@@ -138,6 +138,9 @@ void Run::micro_step(int64_t k, const MicroBatch* mb, float scale, bool backward
   {
     PhaseScope p(*timer_, Phase::kForward);
     const auto need = [this](int64_t offset) { await_params(offset, true); };
+#ifdef TRAINER_WITH_CUDA
+    replica_->set_update_in_flight(!updating_.empty());
+#endif
     if (mb)
       replica_->forward(*mb, need);
     else

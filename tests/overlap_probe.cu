@@ -4,6 +4,9 @@
 //   overlap_probe [LAYERS [ELEMENTS]]          the update beside the GEMMs
 //   overlap_probe LAYERS ELEMENTS kernels      the update's kernel alone, grid shapes
 //
+// The GEMMs are also planned for fewer SMs than the GPU has (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+// "SMs N" below): a persistent GEMM grid then leaves the other SMs to the update.
+//
 // The GEMMs are 2.7B's forward (2048 tokens, d 2560, d_ff 10240: QKV, output, W1|W3, W2 per layer,
 // cuBLASLt's first heuristic), LAYERS times; the update reads p, m, v, g (fp32) and writes p, m, v
 // and a bf16 copy, 30 bytes per element, over ELEMENTS split into LAYERS parts. Overlapped, the
@@ -169,9 +172,11 @@ int main(int argc, char** argv) {
   size_t ws_bytes = size_t{64} << 20;
   void* ws;
   CK(cudaMalloc(&ws, ws_bytes));
-  auto make = [&](int N, int K) {
+  auto make = [&](int N, int K, int32_t sm_target) {
     Gemm G{};
     CB(cublasLtMatmulDescCreate(&G.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CB(cublasLtMatmulDescSetAttribute(G.op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target,
+                                      sizeof(sm_target)));
     const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
     CB(cublasLtMatmulDescSetAttribute(G.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
     CB(cublasLtMatmulDescSetAttribute(G.op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
@@ -192,7 +197,11 @@ int main(int argc, char** argv) {
     G.algo = r.algo;
     return G;
   };
-  std::vector<Gemm> layer = {make(3 * D, D), make(D, D), make(2 * F, D), make(D, F)};
+  // Plans per SM target (0: all of the GPU's).
+  const std::vector<int> targets = {0, sms - 16, sms - 32, sms - 48};
+  std::vector<std::vector<Gemm>> plans;
+  for (const int tg : targets)
+    plans.push_back({make(3 * D, D, tg), make(D, D, tg), make(2 * F, D, tg), make(D, F, tg)});
   __nv_bfloat16 *x, *w, *y;
   CK(cudaMalloc(&x, sizeof(__nv_bfloat16) * M * F * 2));
   CK(cudaMalloc(&w, sizeof(__nv_bfloat16) * F * 2 * D));
@@ -200,8 +209,8 @@ int main(int argc, char** argv) {
   CK(cudaMemset(x, 0, sizeof(__nv_bfloat16) * M * F * 2));
   CK(cudaMemset(w, 0, sizeof(__nv_bfloat16) * F * 2 * D));
   const float alpha = 1, beta = 0;
-  auto gemms = [&](cudaStream_t s) {
-    for (Gemm& G : layer)
+  auto gemms = [&](cudaStream_t s, int plan) {
+    for (Gemm& G : plans[plan])
       CB(cublasLtMatmul(lt, G.op, &alpha, w, G.a, x, G.b, &beta, y, G.c, y, G.c, &G.algo, ws,
                         ws_bytes, s));
   };
@@ -212,10 +221,11 @@ int main(int argc, char** argv) {
     const char* name;
     bool gemm, upd, overlap;
     Shape k;
-    bool urgent;  // the GEMMs' stream at the highest priority
+    bool urgent;   // the GEMMs' stream at the highest priority
+    int plan = 0;  // index into targets
   };
   const Shape stride8{256, 0, 8, 0}, short16{256, 16, 0, 0}, short64{256, 64, 0, 0};
-  const std::vector<Variant> variants = {
+  std::vector<Variant> variants = {
       {"gemms only", true, false, false, stride8, false},
       {"update only 8x256/SM stride", false, true, false, stride8, false},
       {"update only short 256x16", false, true, false, short16, false},
@@ -231,6 +241,11 @@ int main(int argc, char** argv) {
       {"overlap 32 SMs x1024, prio", true, true, true, {1024, 0, 0, 32}, true},
       {"overlap 16 SMs x1024", true, true, true, {1024, 0, 0, 16}, false},
   };
+  for (int i = 1; i < static_cast<int>(targets.size()); ++i) {
+    variants.push_back({"gemms only", true, false, false, stride8, false, i});
+    variants.push_back({"overlap short 256x16, prio", true, true, true, short16, true, i});
+    variants.push_back({"overlap short 256x64, prio", true, true, true, short64, true, i});
+  }
   const int64_t n4 = n / 4, per = (n4 + L - 1) / L;
   std::vector<cudaEvent_t> done(L);
   for (cudaEvent_t& e : done) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -253,11 +268,12 @@ int main(int argc, char** argv) {
       if (V.gemm)
         for (int l = 0; l < L; ++l) {
           if (V.upd && V.overlap) CK(cudaStreamWaitEvent(c, done[l], 0));
-          gemms(c);
+          gemms(c, V.plan);
         }
       if (V.upd) CK(cudaStreamWaitEvent(c, lane_end, 0));
     });
-    std::printf("%-34s median %8.3f ms\n", V.name, ms);
+    std::printf("%-34s GEMMs on SMs %3d: median %8.3f ms\n", V.name,
+                targets[V.plan] ? targets[V.plan] : sms, ms);
     std::fflush(stdout);
     CK(cudaStreamDestroy(c));
     CK(cudaStreamDestroy(u));

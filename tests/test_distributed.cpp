@@ -763,6 +763,40 @@ TEST_CASE("--overlap-update benchmarks report the update's time beside forward",
   fs::remove(trace);
 }
 
+// --update-sms plans forward's GEMMs beside the update for fewer SMs. cuBLASLt may pick other
+// algorithms for them, so the run is the serial one only up to rounding; recompute repeats each
+// forward's choice, so with it the run still ends on the very parameters of the run that keeps
+// everything. Where the update does not run beside forward, asking for it is refused.
+TEST_CASE("--update-sms: forward's GEMMs on fewer SMs beside the update", "[overlap-update]") {
+  spdlog::set_level(spdlog::level::err);
+  MpiCommunicator world(MPI_COMM_WORLD);
+  MpiCommunicator self(MPI_COMM_SELF);
+  auto with = [](std::vector<std::string> extra) {
+    std::vector<std::string> v = {"--precision",  "bf16", "--batch", "12",
+                                  "--grad-accum", "2",    "--ddp",   "none"};
+    v.insert(v.end(), extra.begin(), extra.end());
+    return make_options(v);
+  };
+  const TrainResult serial = run_training(with({"--overlap-update", "off"}), self, true);
+  const TrainResult reserved = run_training(with({"--update-sms", "32"}), self, true);
+  REQUIRE(reserved.losses.size() == serial.losses.size());
+  for (size_t s = 0; s < serial.losses.size(); ++s)
+    CHECK_THAT(reserved.losses[s], WithinRel(serial.losses[s], 1e-2));
+  WARN("--update-sms 32 vs the serial update: max|dp|/max|p| = " << rel_diff(reserved.params,
+                                                                             serial.params));
+  CHECK(rel_diff(reserved.params, serial.params) < 5e-2);
+  const TrainResult recomputed =
+      run_training(with({"--update-sms", "32", "--recompute", "block"}), self, true);
+  CHECK(recomputed.losses == reserved.losses);
+  REQUIRE(recomputed.params == reserved.params);
+
+  const std::string b = std::to_string(kGlobalBatch / world.world());
+  REQUIRE_THROWS_WITH(
+      run_training(make_options({"--batch", b, "--overlap-update", "off", "--update-sms", "16"}),
+                   world),
+      ContainsSubstring("--update-sms 16 needs the update beside forward"));
+}
+
 // --benchmark records each mode's work (forward only, forward and backward, the whole training
 // step) and still reports every phase: the step timer's events are event nodes of the recording.
 TEST_CASE("--cuda-graph benchmarks every mode, with its phase times", "[cuda-graph]") {

@@ -153,6 +153,7 @@ class CudaReplica final : public Replica {
     CUDA_CHECK(cudaStreamSynchronize(stream_.s));
   }
   void* stream() override { return stream_.s; }
+  void set_update_in_flight(bool on) override { update_in_flight_ = on; }
 
  private:
   struct BlockParams {
@@ -225,6 +226,9 @@ class CudaReplica final : public Replica {
   ReplicaOptions options_;
   int device_index_ = 0;
   int backward_sms_ = 0;  // cuBLASLt SM target during backward (0: every SM)
+  int forward_sms_ = 0;   // the same for forward's blocks beside an update (0: every SM)
+  bool update_in_flight_ = false;
+  int blocks_sms_ = 0;  // the target the last forward's blocks ran with (recompute repeats it)
   int64_t flat_ = 0;
   int64_t n_max_ = 0;  // max_batch * ctx rows
   int64_t d_, f_, V_, Vp_, H_, dh_, L_;
@@ -307,13 +311,18 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   TRAINER_CHECK(o.flat_elems >= layout_.total(), "flat buffers of {} elements < layout total {}",
                 o.flat_elems, layout_.total());
   use_device();
-  if (o.comm_sms > 0) {
+  if (o.comm_sms > 0 || o.update_sms > 0) {
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o.device_index));
-    if (o.comm_sms >= sms)
-      usage_error("--comm-sms {} leaves no SM for compute: GPU {} has {} SMs", o.comm_sms,
-                  o.device_index, sms);
-    backward_sms_ = sms - o.comm_sms;
+    // The GEMMs' SM target while `reserved` SMs go to work beside them (0: none reserved).
+    const auto target = [&](int reserved, const char* flag, const char* whose) {
+      if (reserved >= sms)
+        usage_error("{} {} leaves no SM for {}: GPU {} has {} SMs", flag, reserved, whose,
+                    o.device_index, sms);
+      return reserved > 0 ? sms - reserved : 0;
+    };
+    backward_sms_ = target(o.comm_sms, "--comm-sms", "compute");
+    forward_sms_ = target(o.update_sms, "--update-sms", "forward");
   }
 
   if (o.grad_dtype != DType::kF32 &&
@@ -431,10 +440,12 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   CUDA_CHECK(cudaDeviceSynchronize());
 
   spdlog::info(
-      "CUDA replica on GPU {}: {} weights, {} attention, activations {} for {} x {}{}",
+      "CUDA replica on GPU {}: {} weights, {} attention, activations {} for {} x {}{}{}",
       device_index_, tf32_ ? "fp32 (tf32 matmuls)" : precision_name(o.precision),
       flash_ ? "flash" : "simple", gib(static_cast<double>(arena_bytes_)), o.max_batch, c.ctx,
-      backward_sms_ ? fmt::format(", backward GEMMs on {} SMs", backward_sms_) : std::string());
+      backward_sms_ ? fmt::format(", backward GEMMs on {} SMs", backward_sms_) : std::string(),
+      forward_sms_ ? fmt::format(", forward GEMMs on {} SMs beside the update", forward_sms_)
+                   : std::string());
 }
 
 template <typename T>
@@ -758,6 +769,13 @@ void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training,
   const int32_t* targets = tokens_ + n;
   cudaStream_t s = stream_.s;
   NvtxRange range("forward");
+  // Beside an update, the blocks' GEMMs leave --update-sms SMs to it; it has ended by the head.
+  struct SmTarget {
+    Matmul& mm;
+    ~SmTarget() { mm.set_sm_target(0); }
+  } sm_target{*mm_};
+  blocks_sms_ = training && update_in_flight_ ? forward_sms_ : 0;
+  mm_->set_sm_target(blocks_sms_);
   announce(need, off_emb_);
   embedding_forward(ids, P(off_emb_), resid_[0], n, d, s);
   for (int64_t l = 0; l < L_; ++l) {
@@ -771,6 +789,7 @@ void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training,
   }
   NvtxRange head_range("lm_head+loss");
   announce(need, layout_.head_offset());
+  mm_->set_sm_target(0);
   rmsnorm_forward(resid_[L_], P(off_lnf_), lnf_, rstdf_, n, d, kRmsEps, s);
   linear_forward(lnf_, P(off_head_), logits_, Vp_, n, d, V_);
   if (training)
@@ -867,10 +886,10 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     const BlockParams& p = blocks_[l];
     BlockActs& a = acts_[l];
     if (options_.recompute != Recompute::kNone) {
-      // The same kernels on the same inputs as forward, so the same bits: on every SM, as forward
-      // ran them (an SM target may select another GEMM algorithm).
+      // The same kernels on the same inputs as forward, so the same bits: with forward's SM target
+      // (another target may select another GEMM algorithm).
       NvtxRange recompute_range("recompute");
-      mm_->set_sm_target(0);
+      mm_->set_sm_target(blocks_sms_);
       if (options_.recompute == Recompute::kBlock) attention_half_forward(l, B, seq);
       ffn_gate_forward(l, n);
       mm_->set_sm_target(backward_sms_);
