@@ -74,6 +74,8 @@ def render(path, anchors=False):
         if g("overlap_update") == "1" and g("optimizer_total_ms") not in ("", "0.0000"):
             # --overlap-update: the exposed part, then the update's own time beside forward.
             opt += f" ({f('optimizer_total_ms'):.2f} beside fwd)"
+            if g("update_sms") not in ("", "0"):
+                opt += f", --update-sms {g('update_sms')}"
         line = (f"| {model} | {world} | {ddp} | {shape} "
                 f"| {f('step_median_ms'):.2f} | {f('step_ms'):.2f} ± {f('step_std'):.2f} "
                 f"| {f('forward_ms'):.2f} | {f('backward_ms'):.2f} | {f('comm_ms'):.2f} "

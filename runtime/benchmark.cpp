@@ -16,7 +16,7 @@ const char* const kCsvHeader =
     "comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,step_median_ms,tokens_per_s,mfu,"
     "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,hosts,recompute,"
     "forward_floor_ms,backward_floor_ms,optimizer_floor_ms,gemm_forward_ms,gemm_backward_ms,"
-    "copy_gb_s,cuda_graph,adam_state,optimizer_total_ms,overlap_update";
+    "copy_gb_s,cuda_graph,adam_state,optimizer_total_ms,overlap_update,update_sms";
 
 void Run::benchmark(TrainResult& result) {
   const bool backward = o_.bench_mode != "forward";
@@ -152,7 +152,7 @@ void Run::benchmark(TrainResult& result) {
     const std::string row = fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
         "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{},"
-        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{},{},{:.4f},{}\n",
+        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{},{},{:.4f},{},{}\n",
         std::time(nullptr), o_.model, c.d_model, c.d_ff, c.n_layers, c.n_heads, c.vocab, c.ctx,
         o_.batch, o_.grad_accum, nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu",
         precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
@@ -161,7 +161,7 @@ void Run::benchmark(TrainResult& result) {
         o_.comm_sms, tc.mean, nccl_env_field(), host_count(places_), o_.recompute,
         floors.forward_ms(), floors.backward_ms(), floors.optimizer_ms, floors.gemm_forward_ms,
         floors.gemm_backward_ms, floors.copy_gb_s, o_.cuda_graph ? 1 : 0, o_.adam_state, lane_ms,
-        overlap_update_ ? 1 : 0);
+        overlap_update_ ? 1 : 0, overlap_update_ ? o_.update_sms : 0);
     append_csv_row(o_.csv, kCsvHeader, row);
   }
 }

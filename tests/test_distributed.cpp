@@ -745,9 +745,9 @@ TEST_CASE("--overlap-update benchmarks report the update's time beside forward",
   std::string header, row;
   std::getline(in, header);
   std::getline(in, row);
-  const std::string last_columns = ",optimizer_total_ms,overlap_update";
+  const std::string last_columns = ",optimizer_total_ms,overlap_update,update_sms";
   CHECK(header.substr(header.size() - last_columns.size()) == last_columns);
-  CHECK(row.substr(row.size() - 2) == ",1");
+  CHECK(row.substr(row.size() - 4) == ",1,0");  // the overlap on, no SMs reserved
   fs::remove(csv);
   // Every update, warm-up steps' included, is a slice on its own track of the trace.
   std::ifstream t(trace);
