@@ -98,6 +98,9 @@ class Run {
   void step_with_update(int64_t s, int64_t lr_step);
   double take_grad_norm();
   bool update_recordable() const;
+  // One GPU, kernels launched one by one, --overlap-update not off: the update runs beside the
+  // next forward (needs device_, nranks_ and the options).
+  bool update_beside_forward() const;
   // The update's device work, recorded: AdamW's scalars uploaded, the clipping factor from the
   // norm's partial sums, the update kernels reading both from device memory.
   void record_update();

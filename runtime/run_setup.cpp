@@ -177,8 +177,7 @@ int Run::check_inputs() {
           "--cuda-graph runs on one rank so far (world is {}): the gradient collectives of "
           "several ranks are not recorded into the graph",
           nranks_);
-    if (o_.update_sms > 0 &&
-        (device_ == DeviceKind::kCpu || nranks_ > 1 || o_.cuda_graph || o_.overlap_update == "off"))
+    if (o_.update_sms > 0 && !update_beside_forward())
       usage_error(
           "--update-sms {} needs the update beside forward, which this run does not use (one GPU, "
           "no --cuda-graph, --overlap-update auto or on)",
@@ -346,8 +345,7 @@ void Run::build(int gpu) {
                                     ParamLayout::kAlignElems);
   // One GPU, kernels launched one by one: the update beside the next forward, in the parts forward
   // announces (its last part also holds the padding up to flat_).
-  overlap_update_ =
-      device_ == DeviceKind::kCuda && nranks_ == 1 && !o_.cuda_graph && o_.overlap_update != "off";
+  overlap_update_ = update_beside_forward();
   if (overlap_update_) {
     update_parts_ = layout_.forward_parts();
     update_parts_.back().end = flat_;

@@ -26,6 +26,11 @@ double Run::train_step(int64_t s, PhaseTimes& times, double& grad_norm) {
   return loss;
 }
 
+bool Run::update_beside_forward() const {
+  return device_ == DeviceKind::kCuda && nranks_ == 1 && !o_.cuda_graph &&
+         o_.overlap_update != "off";
+}
+
 bool Run::update_recordable() const {
 #ifdef TRAINER_WITH_CUDA
   // step_args_ exists with --cuda-graph where the norm runs beside backward (run_setup.cpp).
@@ -138,9 +143,7 @@ void Run::micro_step(int64_t k, const MicroBatch* mb, float scale, bool backward
   {
     PhaseScope p(*timer_, Phase::kForward);
     const auto need = [this](int64_t offset) { await_params(offset, true); };
-#ifdef TRAINER_WITH_CUDA
     replica_->set_update_in_flight(!updating_.empty());
-#endif
     if (mb)
       replica_->forward(*mb, need);
     else

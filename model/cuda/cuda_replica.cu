@@ -70,6 +70,12 @@ constexpr int64_t kAlignBytes = 256;
 
 std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024)); }
 
+// Puts the GEMMs back on every SM when a pass that set an SM target ends, however it ends.
+struct SmTargetReset {
+  Matmul& mm;
+  ~SmTargetReset() { mm.set_sm_target(0); }
+};
+
 // Hands out 256-byte aligned pieces of one allocation. Run once with base 0 to measure, then again
 // over the real allocation: both runs see the same sequence of requests.
 class Carver {
@@ -770,10 +776,7 @@ void CudaReplica<T>::run_forward(int64_t B, int64_t seq, bool training,
   cudaStream_t s = stream_.s;
   NvtxRange range("forward");
   // Beside an update, the blocks' GEMMs leave --update-sms SMs to it; it has ended by the head.
-  struct SmTarget {
-    Matmul& mm;
-    ~SmTarget() { mm.set_sm_target(0); }
-  } sm_target{*mm_};
+  const SmTargetReset reset{*mm_};
   blocks_sms_ = training && update_in_flight_ ? forward_sms_ : 0;
   mm_->set_sm_target(blocks_sms_);
   announce(need, off_emb_);
@@ -867,10 +870,7 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
   };
   NvtxRange range("backward");
   // Collectives of earlier buckets hold --comm-sms SMs while later gradients are computed.
-  struct SmTarget {
-    Matmul& mm;
-    ~SmTarget() { mm.set_sm_target(0); }
-  } sm_target{*mm_};
+  const SmTargetReset reset{*mm_};
   mm_->set_sm_target(backward_sms_);
   {
     // logits_ holds softmax - onehot; scale enters as the matmuls' alpha.
