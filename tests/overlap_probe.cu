@@ -4,14 +4,15 @@
 //   overlap_probe [LAYERS [ELEMENTS]]          the update beside the GEMMs
 //   overlap_probe LAYERS ELEMENTS kernels      the update's kernel alone, grid shapes
 //
-// The GEMMs are also planned for fewer SMs than the GPU has (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
-// "SMs N" below): a persistent GEMM grid then leaves the other SMs to the update.
-//
 // The GEMMs are 2.7B's forward (2048 tokens, d 2560, d_ff 10240: QKV, output, W1|W3, W2 per layer,
-// cuBLASLt's first heuristic), LAYERS times; the update reads p, m, v, g (fp32) and writes p, m, v
-// and a bf16 copy, 30 bytes per element, over ELEMENTS split into LAYERS parts. Overlapped, the
-// GEMMs of layer l wait for part l, as the trainer's forward does (--overlap-update). Each line is
-// the median of 5 timed repetitions after 2 warm-up; results in docs/results/log.md.
+// cuBLASLt's first heuristic), LAYERS times, also planned for fewer SMs than the GPU has
+// (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, "SMs N" below); the update reads p, m, v, g (fp32) and
+// writes p, m, v and a bf16 copy, 30 bytes per element, over ELEMENTS split into LAYERS parts.
+// Overlapped, the GEMMs of layer l wait for part l, as the trainer's forward does
+// (--overlap-update), or ("no waits") do not. The update runs either as the trainer's short
+// blocks, or as a "lane": N persistent blocks, each alone on an SM, at the highest priority, with
+// the GEMMs planned for the other SMs. Each line is the median of 5 timed repetitions after 2
+// warm-up, with when each stream finished in the last one; results in docs/results/log.md.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -83,12 +84,77 @@ __global__ void update_kernel(float* p, float* m, float* v, const float* g, __nv
   }
 }
 
+// The update as a lane of `gridDim.x` persistent blocks of T threads, one per SM (the dynamic
+// shared memory the launch asks for keeps a second block, or a GEMM's, off that SM), each thread
+// with U groups of four elements in flight per pass: bytes in flight, not SMs, bound a memory
+// stream, so a few SMs with deep loads can move what the whole GPU moves with shallow ones.
+template <class V>
+__device__ __forceinline__ V load_hint(const V* p, bool cs) {
+  return cs ? __ldcs(p) : *p;
+}
+template <class V>
+__device__ __forceinline__ void store_hint(V* p, V x, bool cs) {
+  if (cs)
+    __stcs(p, x);
+  else
+    *p = x;
+}
+
+// CS: loads and stores marked evict-first (ld/st.global.cs), so the streamed state does not push
+// the GEMMs' operands out of L2.
+template <int U, int T, bool CS = false>
+__global__ void __launch_bounds__(T, 1)
+    lane_kernel(float* p, float* m, float* v, const float* g, __nv_bfloat16* out, int64_t n4) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t base = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; base < n4;
+       base += U * stride) {
+    float4 p4[U], m4[U], v4[U], g4[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = base + u * stride;
+      if (i < n4) {
+        p4[u] = load_hint(reinterpret_cast<float4*>(p) + i, CS);
+        m4[u] = load_hint(reinterpret_cast<float4*>(m) + i, CS);
+        v4[u] = load_hint(reinterpret_cast<float4*>(v) + i, CS);
+        g4[u] = load_hint(reinterpret_cast<const float4*>(g) + i, CS);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = base + u * stride;
+      if (i >= n4) break;
+      float* pp = &p4[u].x;
+      float* mm = &m4[u].x;
+      float* vv = &v4[u].x;
+      const float* gg = &g4[u].x;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        mm[k] = 0.9f * mm[k] + 0.1f * gg[k];
+        vv[k] = 0.95f * vv[k] + 0.05f * gg[k] * gg[k];
+        pp[k] = pp[k] * 0.9999f - 1e-4f * mm[k] / (sqrtf(vv[k]) + 1e-8f);
+      }
+      store_hint(reinterpret_cast<float4*>(p) + i, p4[u], CS);
+      store_hint(reinterpret_cast<float4*>(m) + i, m4[u], CS);
+      store_hint(reinterpret_cast<float4*>(v) + i, v4[u], CS);
+      __nv_bfloat162 lo = __floats2bfloat162_rn(p4[u].x, p4[u].y);
+      __nv_bfloat162 hi = __floats2bfloat162_rn(p4[u].z, p4[u].w);
+      uint2 w;
+      w.x = *reinterpret_cast<uint32_t*>(&lo);
+      w.y = *reinterpret_cast<uint32_t*>(&hi);
+      store_hint(reinterpret_cast<uint2*>(out) + i, w, CS);
+    }
+  }
+}
+constexpr int kLaneSmem = 120 << 10;  // more than half an SM's shared memory
+
 // How the update's kernel is launched.
 struct Shape {
   int threads;
   int iters;          // per block; 0: grid-stride
   int blocks_per_sm;  // grid-stride: blocks per SM (0: `sms` blocks in all)
   int sms;
+  int unroll = 0;   // > 0: lane_kernel<unroll, threads> on `sms` blocks
+  bool cs = false;  // lane_kernel: evict-first loads and stores
   int grid(int64_t n4, int device_sms) const {
     if (iters > 0)
       return static_cast<int>((n4 + int64_t{iters} * threads - 1) / (int64_t{iters} * threads));
@@ -140,7 +206,19 @@ int main(int argc, char** argv) {
     CK(cudaMemset(*b, 0, 4 * n));
   }
   CK(cudaMalloc(&out, 2 * n));
+  for (auto* f : {lane_kernel<1, 1024>, lane_kernel<2, 1024>, lane_kernel<4, 512>,
+                  lane_kernel<2, 1024, true>})
+    CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kLaneSmem));
   auto update = [&](cudaStream_t s, const Shape& k, int64_t b4, int64_t e4) {
+    if (k.unroll > 0) {
+      auto* f = k.unroll == 1   ? lane_kernel<1, 1024>
+                : k.unroll == 2 ? (k.cs ? lane_kernel<2, 1024, true> : lane_kernel<2, 1024>)
+                                : lane_kernel<4, 512>;
+      f<<<k.sms, k.threads, kLaneSmem, s>>>(p + 4 * b4, m + 4 * b4, v + 4 * b4, g + 4 * b4,
+                                            out + 4 * b4, e4 - b4);
+      CK(cudaGetLastError());
+      return;
+    }
     update_kernel<<<k.grid(e4 - b4, sms), k.threads, 0, s>>>(
         p + 4 * b4, m + 4 * b4, v + 4 * b4, g + 4 * b4, out + 4 * b4, e4 - b4, k.iters);
     CK(cudaGetLastError());
@@ -198,7 +276,9 @@ int main(int argc, char** argv) {
     return G;
   };
   // Plans per SM target (0: all of the GPU's).
-  const std::vector<int> targets = {0, sms - 16, sms - 32, sms - 48};
+  const std::vector<int> reserve = {0, 16, 24, 32, 40, 48, 64};
+  std::vector<int> targets;
+  for (const int r : reserve) targets.push_back(r ? sms - r : 0);
   std::vector<std::vector<Gemm>> plans;
   for (const int tg : targets)
     plans.push_back({make(3 * D, D, tg), make(D, D, tg), make(2 * F, D, tg), make(D, F, tg)});
@@ -218,45 +298,48 @@ int main(int argc, char** argv) {
   CK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
 
   struct Variant {
-    const char* name;
+    std::string name;
     bool gemm, upd, overlap;
     Shape k;
-    bool urgent;   // the GEMMs' stream at the highest priority
-    int plan = 0;  // index into targets
+    bool urgent;               // the GEMMs' stream at the highest priority
+    int plan = 0;              // index into targets
+    bool lane_urgent = false;  // the update's stream at the highest priority
+    bool waits = true;         // the GEMMs of layer l wait for part l of the update
   };
-  const Shape stride8{256, 0, 8, 0}, short16{256, 16, 0, 0}, short64{256, 64, 0, 0};
-  std::vector<Variant> variants = {
-      {"gemms only", true, false, false, stride8, false},
-      {"update only 8x256/SM stride", false, true, false, stride8, false},
-      {"update only short 256x16", false, true, false, short16, false},
-      {"update only 16 SMs x1024", false, true, false, {1024, 0, 0, 16}, false},
-      {"update only 32 SMs x1024", false, true, false, {1024, 0, 0, 32}, false},
-      {"serial 8x256/SM stride", true, true, false, stride8, false},
-      {"overlap 8x256/SM stride", true, true, true, stride8, false},
-      {"overlap 8x256/SM stride, prio", true, true, true, stride8, true},
-      {"overlap short 256x16", true, true, true, short16, false},
-      {"overlap short 256x16, prio", true, true, true, short16, true},
-      {"overlap short 256x64, prio", true, true, true, short64, true},
-      {"overlap 16 SMs x1024, prio", true, true, true, {1024, 0, 0, 16}, true},
-      {"overlap 32 SMs x1024, prio", true, true, true, {1024, 0, 0, 32}, true},
-      {"overlap 16 SMs x1024", true, true, true, {1024, 0, 0, 16}, false},
-  };
-  for (int i = 1; i < static_cast<int>(targets.size()); ++i) {
-    variants.push_back({"gemms only", true, false, false, stride8, false, i});
-    variants.push_back({"overlap short 256x16, prio", true, true, true, short16, true, i});
-    variants.push_back({"overlap short 256x64, prio", true, true, true, short64, true, i});
-  }
+  const Shape short16{256, 16, 0, 0};
+  std::vector<Variant> variants;
+  for (int i = 0; i < static_cast<int>(targets.size()); ++i)
+    variants.push_back({"gemms only", true, false, false, short16, false, i});
+  variants.push_back({"update only short 256x16", false, true, false, short16, false});
+  for (const int n_sms : {32, 48, sms})
+    for (const bool cs : {false, true})
+      variants.push_back(
+          {"update only lane " + std::to_string(n_sms) + " SMs x1024 unroll 2" + (cs ? " cs" : ""),
+           false, true, false, Shape{1024, 0, 0, n_sms, 2, cs}, false});
+  variants.push_back({"serial short 256x16", true, true, false, short16, false});
+  variants.push_back({"overlap short 256x16, prio", true, true, true, short16, true, 0});
+  // The lane on `reserve[i]` SMs at the highest priority, the GEMMs planned for the rest; with and
+  // without the GEMMs of layer l waiting for part l.
+  for (int i = 2; i < static_cast<int>(targets.size()) - 1; ++i)
+    for (const bool cs : {false, true})
+      for (const bool waits : {true, false})
+        variants.push_back({"overlap lane " + std::to_string(reserve[i]) + " SMs unroll 2" +
+                                (cs ? " cs" : "") + (waits ? "" : ", no waits"),
+                            true, true, true, Shape{1024, 0, 0, reserve[i], 2, cs}, false, i, true,
+                            waits});
   const int64_t n4 = n / 4, per = (n4 + L - 1) / L;
   std::vector<cudaEvent_t> done(L);
   for (cudaEvent_t& e : done) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  cudaEvent_t lane_end;
-  CK(cudaEventCreateWithFlags(&lane_end, cudaEventDisableTiming));
+  // lane_end and gemm_end against t0: when each stream finished, in the last repetition.
+  cudaEvent_t lane_end, gemm_end, t0;
+  for (cudaEvent_t* e : {&lane_end, &gemm_end, &t0}) CK(cudaEventCreate(e));
   for (const Variant& V : variants) {
     cudaStream_t c, u;
     CK(cudaStreamCreateWithPriority(&c, cudaStreamNonBlocking, V.urgent ? greatest : least));
-    CK(cudaStreamCreateWithPriority(&u, cudaStreamNonBlocking, least));
+    CK(cudaStreamCreateWithPriority(&u, cudaStreamNonBlocking, V.lane_urgent ? greatest : least));
     const float ms = median_ms(c, [&](cudaEvent_t start) {
       CK(cudaStreamWaitEvent(u, start, 0));
+      CK(cudaEventRecord(t0, c));
       cudaStream_t us = V.overlap ? u : c;
       if (V.upd) {
         for (int l = 0; l < L; ++l) {
@@ -267,13 +350,17 @@ int main(int argc, char** argv) {
       }
       if (V.gemm)
         for (int l = 0; l < L; ++l) {
-          if (V.upd && V.overlap) CK(cudaStreamWaitEvent(c, done[l], 0));
+          if (V.upd && V.overlap && V.waits) CK(cudaStreamWaitEvent(c, done[l], 0));
           gemms(c, V.plan);
         }
+      CK(cudaEventRecord(gemm_end, c));
       if (V.upd) CK(cudaStreamWaitEvent(c, lane_end, 0));
     });
-    std::printf("%-34s GEMMs on SMs %3d: median %8.3f ms\n", V.name,
-                targets[V.plan] ? targets[V.plan] : sms, ms);
+    float lane_ms = 0, gemm_ms = 0;
+    if (V.upd) CK(cudaEventElapsedTime(&lane_ms, t0, lane_end));
+    if (V.gemm) CK(cudaEventElapsedTime(&gemm_ms, t0, gemm_end));
+    std::printf("%-44s GEMMs on SMs %3d: median %8.3f ms (last: update done %7.3f, GEMMs %7.3f)\n",
+                V.name.c_str(), targets[V.plan] ? targets[V.plan] : sms, ms, lane_ms, gemm_ms);
     std::fflush(stdout);
     CK(cudaStreamDestroy(c));
     CK(cudaStreamDestroy(u));
