@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -128,6 +129,18 @@ __device__ __forceinline__ bool arrive_last(unsigned* counter, unsigned expected
   const bool last = *smem_flag;
   if (last) __threadfence();  // order the reads of other blocks' partials after the counter
   return last;
+}
+
+// Raises the dynamic shared-memory limit of `kernel` once per device (needed above 48 KB).
+template <class Kernel>
+void ensure_smem_limit(Kernel kernel, int bytes, std::atomic<uint64_t>& configured) {
+  if (bytes <= 48 * 1024) return;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit != 0 && (configured.load(std::memory_order_relaxed) & bit)) return;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  configured.fetch_or(bit, std::memory_order_relaxed);
 }
 
 }  // namespace trainer::cuda

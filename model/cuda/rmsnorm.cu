@@ -1,6 +1,11 @@
 // RMSNorm kernels (see rmsnorm.cuh for the math). One warp per row for the row-wise parts; the
 // gain gradient is a column reduction done in row groups and finished deterministically.
+// Backward reads x and dy from memory once where it can (vector widths, d <= 1490): a fused kernel
+// computes dx row by row and sums dy * x * r over its block's rows in shared memory, then a tiny
+// kernel adds the blocks' sums in block order. Otherwise separate dx and dw kernels each stream x
+// and dy. Blocks and batches depend on n and d only, so dw is the same on every GPU.
 #include <algorithm>
+#include <atomic>
 
 #include "model/cuda/common.cuh"
 #include "model/cuda/rmsnorm.cuh"
@@ -10,6 +15,13 @@ namespace {
 
 constexpr int kMaxGroups = 128;  // row groups of the dw reduction (partial sums per column)
 constexpr int kRowsY = 8;        // threadIdx.y extent of the dw kernel
+// Fused backward: rows per batch (one per warp) and blocks at most (blocks of partial sums).
+constexpr int kFusedRows = 16;
+constexpr int kFusedThreads = kFusedRows * kWarp;
+constexpr int kMaxFusedBlocks = 256;
+// Its shared memory, (kFusedRows + 1) * d floats, at most: 99 KB is what sm_86 and sm_89 allow a
+// block, so the choice of kernel never depends on the GPU (d <= 1490).
+constexpr int64_t kMaxFusedSmem = 99 * 1024;
 
 // forward: r = 1/sqrt(mean(x^2) + eps); y = x * r * w. One warp per row.
 template <typename T, int kV>
@@ -40,18 +52,14 @@ __global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restr
   }
 }
 
-// backward, input gradient: m = mean(x * w * dy); dx (+)= r * (w * dy - x * r^2 * m).
-// One warp per row.
-template <typename T, int kV>
-__global__ void rmsnorm_backward_dx_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                           const float* __restrict__ rstd, const T* __restrict__ dy,
-                                           T* __restrict__ dx, bool accumulate, int64_t n, int d) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (row >= n) return;
-  const T* xr = x + row * d;
-  const T* dyr = dy + row * d;
-  T* dxr = dx + row * d;
+// backward, input gradient of one row, by one warp: m = mean(x * w * dy);
+// dx (+)= r * (w * dy - x * r^2 * m). `each(c, xp, gp)` sees the row's x and dy at columns
+// [c, c + kV) as they go by (the fused kernel's dw products).
+template <typename T, int kV, typename Each>
+__device__ __forceinline__ void backward_row(const T* __restrict__ xr, const T* __restrict__ w,
+                                             float r, const T* __restrict__ dyr,
+                                             T* __restrict__ dxr, bool accumulate, int d, int lane,
+                                             Each each) {
   float dot = 0.0f;
   for (int c = lane * kV; c < d; c += kWarp * kV) {
     const Pack<T, kV> xp = load_pack<kV>(xr + c);
@@ -61,7 +69,6 @@ __global__ void rmsnorm_backward_dx_kernel(const T* __restrict__ x, const T* __r
     for (int k = 0; k < kV; ++k) dot += to_float(xp.v[k]) * to_float(wp.v[k]) * to_float(gp.v[k]);
   }
   const float mean = warp_sum(dot) / static_cast<float>(d);
-  const float r = rstd[row];
   const float r2m = r * r * mean;
   for (int c = lane * kV; c < d; c += kWarp * kV) {
     const Pack<T, kV> xp = load_pack<kV>(xr + c);
@@ -76,7 +83,20 @@ __global__ void rmsnorm_backward_dx_kernel(const T* __restrict__ x, const T* __r
       o.v[k] = from_float<T>(g);
     }
     store_pack<kV>(dxr + c, o);
+    each(c, xp, gp);
   }
+}
+
+// backward, input gradient alone: one warp per row.
+template <typename T, int kV>
+__global__ void rmsnorm_backward_dx_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                           const float* __restrict__ rstd, const T* __restrict__ dy,
+                                           T* __restrict__ dx, bool accumulate, int64_t n, int d) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= n) return;
+  backward_row<T, kV>(x + row * d, w, rstd[row], dy + row * d, dx + row * d, accumulate, d, lane,
+                      [](int, const Pack<T, kV>&, const Pack<T, kV>&) {});
 }
 
 // backward, gain gradient: dw[c] += sum_i dy[i,c] * x[i,c] * r_i.
@@ -145,6 +165,80 @@ __global__ void rmsnorm_backward_dw_kernel(const T* __restrict__ x, const float*
   if (tx == 0 && ty == 0) counters[blockIdx.x] = 0;
 }
 
+// backward, both gradients in one pass over x and dy. Block = kFusedRows warps; it owns
+// rows_per_block rows (a multiple of kFusedRows) and takes them kFusedRows at a time, one per warp.
+// dx is computed by the same backward_row as rmsnorm_backward_dx_kernel's (bit-identical). Each
+// warp also writes its row's dy * x * r to prod[warp]; then each thread adds the batch's rows of
+// its columns in row order to acc. The block's column sums go to partial[block], which
+// rmsnorm_dw_finish_kernel adds up. Shared memory: prod[kFusedRows][d], acc[d].
+template <typename T, int kV>
+__global__ void __launch_bounds__(kFusedThreads)
+    rmsnorm_backward_fused_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                  const float* __restrict__ rstd, const T* __restrict__ dy,
+                                  T* __restrict__ dx, bool accumulate, int64_t n, int d,
+                                  int64_t rows_per_block, float* __restrict__ partial) {
+  static_assert(kV % 4 == 0, "prod is written in 16-byte stores");
+  extern __shared__ __align__(16) float smem[];
+  float* prod = smem;
+  float* acc = smem + kFusedRows * d;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  float* pw = prod + warp * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) acc[c] = 0.0f;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t r1 = min(n, r0 + rows_per_block);
+  for (int64_t b0 = r0; b0 < r1; b0 += kFusedRows) {
+    const int64_t row = b0 + warp;
+    if (row < r1) {
+      const float r = rstd[row];
+      backward_row<T, kV>(x + row * d, w, r, dy + row * d, dx + row * d, accumulate, d, lane,
+                          [&](int c, const Pack<T, kV>& xp, const Pack<T, kV>& gp) {
+#pragma unroll
+                            for (int k = 0; k < kV; k += 4) {
+                              Pack<float, 4> p;
+#pragma unroll
+                              for (int j = 0; j < 4; ++j)
+                                p.v[j] = to_float(gp.v[k + j]) * to_float(xp.v[k + j]) * r;
+                              store_pack<4>(pw + c + k, p);
+                            }
+                          });
+    } else {
+      // No row for this warp in the last batch: zeros keep the column sums' order fixed.
+      for (int c = lane; c < d; c += kWarp) pw[c] = 0.0f;
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kFusedRows; ++j) s += prod[j * d + c];
+      acc[c] += s;
+    }
+    __syncthreads();  // prod is rewritten by the next batch
+  }
+  float* out = partial + static_cast<int64_t>(blockIdx.x) * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) out[c] = acc[c];
+}
+
+// dw (+)= the sum of the fused kernel's `blocks` partial column sums, in block order. Block
+// (32, 32) = 32 columns: thread (tx, ty) sums blocks ty, ty + 32, ...; then row 0 adds the 32 sums.
+template <typename DW>
+__global__ void rmsnorm_dw_finish_kernel(const float* __restrict__ partial, DW* __restrict__ dw,
+                                         bool accumulate, int blocks, int d) {
+  __shared__ float red[kWarp][kWarp + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int c = blockIdx.x * kWarp + tx;
+  float s = 0.0f;
+  if (c < d)
+#pragma unroll 4  // independent loads in flight
+    for (int g = ty; g < blocks; g += kWarp) s += partial[static_cast<int64_t>(g) * d + c];
+  red[ty][tx] = s;
+  __syncthreads();
+  if (ty == 0 && c < d) {
+    float t = 0.0f;
+    for (int j = 0; j < kWarp; ++j) t += red[j][tx];
+    dw[c] = from_float<DW>(accumulate ? to_float(dw[c]) + t : t);
+  }
+}
+
 template <typename T>
 void forward_impl(const T* x, const T* w, T* y, float* rstd, int64_t n, int64_t d, float eps,
                   cudaStream_t stream) {
@@ -179,6 +273,28 @@ void launch_dw(const T* x, const float* rstd, const T* dy, DW* dw, bool accumula
   CUDA_CHECK_LAUNCH("rmsnorm_backward_dw_kernel");
 }
 
+// The fused backward and its dw finish. Rows per block: a multiple of kFusedRows giving at most
+// kMaxFusedBlocks blocks (more rows per block would mean more partials to add at the end).
+template <typename T, int kV, typename DW>
+void launch_fused(const T* x, const T* w, const float* rstd, const T* dy, T* dx, bool accumulate,
+                  DW* dw, bool accumulate_dw, int64_t n, int64_t d, RmsnormScratch s,
+                  cudaStream_t stream) {
+  const int64_t rows_per_block = std::max<int64_t>(
+      kFusedRows, ceil_div(ceil_div(n, kMaxFusedBlocks), kFusedRows) * kFusedRows);
+  const int64_t blocks = ceil_div(n, rows_per_block);
+  const size_t bytes = static_cast<size_t>((kFusedRows + 1) * d) * sizeof(float);
+  static std::atomic<uint64_t> configured{0};
+  ensure_smem_limit(rmsnorm_backward_fused_kernel<T, kV>, static_cast<int>(kMaxFusedSmem),
+                    configured);
+  const int di = static_cast<int>(d);
+  rmsnorm_backward_fused_kernel<T, kV><<<blocks, kFusedThreads, bytes, stream>>>(
+      x, w, rstd, dy, dx, accumulate, n, di, rows_per_block, s.partial);
+  CUDA_CHECK_LAUNCH("rmsnorm_backward_fused_kernel");
+  rmsnorm_dw_finish_kernel<DW><<<ceil_div(d, kWarp), dim3(kWarp, kWarp), 0, stream>>>(
+      s.partial, dw, accumulate_dw, static_cast<int>(blocks), di);
+  CUDA_CHECK_LAUNCH("rmsnorm_dw_finish_kernel");
+}
+
 template <typename T, typename DW>
 void backward_impl(const T* x, const T* w, const float* rstd, const T* dy, T* dx, bool accumulate,
                    DW* dw, bool accumulate_dw, int64_t n, int64_t d, RmsnormScratch s,
@@ -192,6 +308,11 @@ void backward_impl(const T* x, const T* w, const float* rstd, const T* dy, T* dx
   const int64_t blocks = ceil_div(n, rows_per_block);
   const int di = static_cast<int>(d);
   const bool vec = vector_width<T>({x, w, dy, dx, s.partial}, {d}) == kPack<T>;
+  if (vec && (kFusedRows + 1) * d * static_cast<int64_t>(sizeof(float)) <= kMaxFusedSmem) {
+    launch_fused<T, kPack<T>, DW>(x, w, rstd, dy, dx, accumulate, dw, accumulate_dw, n, d, s,
+                                  stream);
+    return;
+  }
   if (vec)
     rmsnorm_backward_dx_kernel<T, kPack<T>>
         <<<blocks, threads, 0, stream>>>(x, w, rstd, dy, dx, accumulate, n, di);
@@ -207,7 +328,9 @@ void backward_impl(const T* x, const T* w, const float* rstd, const T* dy, T* dx
 
 }  // namespace
 
-int64_t rmsnorm_backward_partial_floats(int64_t d) { return kMaxGroups * d; }
+int64_t rmsnorm_backward_partial_floats(int64_t d) {
+  return std::max(kMaxGroups, kMaxFusedBlocks) * d;
+}
 int64_t rmsnorm_backward_counters(int64_t d) { return ceil_div(d, kWarp); }
 
 void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t n, int64_t d,

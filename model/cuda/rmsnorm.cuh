@@ -22,8 +22,9 @@ void rmsnorm_forward(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat
 void rmsnorm_forward(const __half* x, const __half* w, __half* y, float* rstd, int64_t n, int64_t d,
                      float eps, cudaStream_t stream);
 
-// Scratch for the deterministic dw reduction: row groups write fp32 partial sums, and the last
-// group to finish a column tile adds them up in group order. `partial` holds
+// Scratch for the deterministic dw reduction: blocks of rows write fp32 column sums, added up in
+// block order by a second kernel (the fused dx + dw pass) or by the last row group to finish a
+// column tile (the separate dw kernel, which counts arrivals). `partial` holds
 // rmsnorm_backward_partial_floats(d) floats; `counters` holds rmsnorm_backward_counters(d)
 // zero-initialised unsigned ints, which every launch leaves at zero again.
 int64_t rmsnorm_backward_partial_floats(int64_t d);

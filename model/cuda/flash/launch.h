@@ -14,6 +14,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "model/cuda/common.cuh"
 
 namespace trainer::cuda::flash {
 
@@ -65,18 +66,6 @@ inline void check_tensor(const void* ptr, const char* name, const char* what, si
 }
 
 constexpr size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-// Raises the dynamic shared-memory limit of `kernel` once per device (needed above 48 KB).
-template <class Kernel>
-void ensure_smem_limit(Kernel kernel, int bytes, std::atomic<uint64_t>& configured) {
-  if (bytes <= 48 * 1024) return;
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit != 0 && (configured.load(std::memory_order_relaxed) & bit)) return;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  configured.fetch_or(bit, std::memory_order_relaxed);
-}
 
 // The 1-D grid of the Hopper kernels: one CTA per (block of `block_rows` rows, batch * head).
 // Two wishes pull apart. The CTAs resident together should share few heads, so that those heads'
