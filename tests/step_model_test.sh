@@ -9,12 +9,7 @@ set -uo pipefail
 build=${1:?usage: step_model_test.sh BUILD_DIR}
 root=$(cd "$(dirname "$0")/.." && pwd)
 model="python3 $root/launch/step_model.py"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 NO_COLOR=1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-ok() { echo "ok   $*"; }
+source "$(dirname "$0")/script_harness.sh"
 
 # 1. The model's units are the trainer's: the "gradient sync" line of a 2-rank CPU run.
 for cfg in "bucketed 0.2" "bucketed 1" "overlap 25" "flat 25"; do
