@@ -11,6 +11,7 @@
 # launch/side_by_side.py OUT_DIR prints the table.
 #
 # Env: DEVICE (cuda), WARMUP (5), STEPS (20, ours; PyTorch takes 15 after 5 as ANCHORS.md did),
+# PASSES (2; 1 runs ours only before PyTorch, when device time is short),
 # TORCH=0 skips PyTorch (also skipped, with a note, when torch is not importable). Exits 1 when
 # a run of ours failed (its last lines are in the log), 2 for a bad argument.
 # Files: OUT_DIR/ours_<label>.csv (one per set of trainer flags, the label made of them; "default"
@@ -26,6 +27,7 @@ if [[ ${#cells[@]} -eq 0 ]]; then
   cells=("small:4:512:reduce-overhead" "small:16:1024:compile" "2.7B:4:512:compile"
          "2.7B:4:512:compile:--update-sms 32")
 fi
+[[ ${PASSES:-2} =~ ^[12]$ ]] || { echo "side_by_side.sh: PASSES must be 1 or 2" >&2; exit 2; }
 device=${DEVICE:-cuda}
 warmup=${WARMUP:-5}
 steps=${STEPS:-20}
@@ -71,6 +73,6 @@ if [[ ${TORCH:-1} != 0 ]] && python3 -c "import torch" 2>/dev/null; then
 else
   echo "PyTorch skipped (TORCH=0 or torch not importable)" | tee -a "$log"
 fi
-ours
+[[ ${PASSES:-2} == 1 ]] || ours
 python3 "$root/launch/side_by_side.py" "$out" || failed=1
 exit $failed

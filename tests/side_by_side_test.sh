@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # launch/side_by_side.sh and its table (launch/side_by_side.py) without a GPU: the CPU backend on
 # the tiny model with PyTorch skipped runs every cell twice and tabulates them; given PyTorch rows,
-# the table's ratios are PyTorch's best time over each of ours; bad cells, a failing run and an
-# empty directory are errors.
+# the table's ratios are PyTorch's best time over each of ours; PASSES=1 runs ours once; bad
+# cells, a bad PASSES, a failing run and an empty directory are errors.
 # Usage: side_by_side_test.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: side_by_side_test.sh BUILD_DIR}
@@ -21,6 +21,11 @@ done
 grep -qE '^\| tiny \| 2×32 \|  \| [0-9.]+, [0-9.]+ \| — \| — \|$' <<<"$out" &&
   ok "default line without PyTorch" || fail "no default line in: $out"
 grep -qF '| tiny | 2×32 | `--lr 1e-3` |' <<<"$out" && ok "flags line" || fail "no flags line"
+
+# One pass only (PASSES=1): one run per cell.
+PASSES=1 sbs "$tmp/p" "tiny:2:32:compile" > /dev/null 2>&1
+rows=$(($(wc -l < "$tmp/p/ours_default.csv") - 1))
+[[ $rows -eq 1 ]] && ok "PASSES=1: one run" || fail "PASSES=1: $rows runs"
 
 # 2. Ratios: PyTorch's best mode over each of ours, slowest run first.
 mkdir -p "$tmp/b"
@@ -49,6 +54,10 @@ out=$(sbs "$tmp/d" "tiny:2:32:compile:--lr -1" 2>&1)
 rc=$?
 [[ $rc -eq 1 && $out == *"--lr"* ]] && ok "failing run: exit 1, its error shown" ||
   fail "failing run: exit $rc: $out"
+out=$(PASSES=3 sbs "$tmp/f" "tiny:2:32:compile" 2>&1)
+rc=$?
+[[ $rc -eq 2 && $out == *"PASSES must be 1 or 2"* ]] && ok "PASSES=3: exit 2" ||
+  fail "PASSES=3: exit $rc: $out"
 mkdir -p "$tmp/e"
 out=$(python3 "$root/launch/side_by_side.py" "$tmp/e" 2>&1)
 rc=$?
