@@ -43,6 +43,43 @@
 
 namespace {
 
+template <class V>
+__device__ __forceinline__ V load_hint(const V* p, bool cs) {
+  return cs ? __ldcs(p) : *p;
+}
+template <class V>
+__device__ __forceinline__ void store_hint(V* p, V x, bool cs) {
+  if (cs)
+    __stcs(p, x);
+  else
+    *p = x;
+}
+
+// One group of four: the update's arithmetic, then p, m, v and the bf16 copy stored at group i
+// (evict-first with cs).
+__device__ __forceinline__ void update_group(float* p, float* m, float* v, __nv_bfloat16* out,
+                                             int64_t i, float4& p4, float4& m4, float4& v4,
+                                             const float4& g4, bool cs) {
+  float* pp = &p4.x;
+  float* mm = &m4.x;
+  float* vv = &v4.x;
+  const float* gg = &g4.x;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    mm[k] = 0.9f * mm[k] + 0.1f * gg[k];
+    vv[k] = 0.95f * vv[k] + 0.05f * gg[k] * gg[k];
+    pp[k] = pp[k] * 0.9999f - 1e-4f * mm[k] / (sqrtf(vv[k]) + 1e-8f);
+  }
+  store_hint(reinterpret_cast<float4*>(p) + i, p4, cs);
+  store_hint(reinterpret_cast<float4*>(m) + i, m4, cs);
+  store_hint(reinterpret_cast<float4*>(v) + i, v4, cs);
+  __nv_bfloat162 lo = __floats2bfloat162_rn(p4.x, p4.y), hi = __floats2bfloat162_rn(p4.z, p4.w);
+  uint2 w;
+  w.x = *reinterpret_cast<uint32_t*>(&lo);
+  w.y = *reinterpret_cast<uint32_t*>(&hi);
+  store_hint(reinterpret_cast<uint2*>(out) + i, w, cs);
+}
+
 // The update on groups of four elements: with iters_per_block 0 a grid-stride loop, else each
 // block takes iters_per_block * blockDim.x consecutive groups and ends.
 __global__ void update_kernel(float* p, float* m, float* v, const float* g, __nv_bfloat16* out,
@@ -59,28 +96,9 @@ __global__ void update_kernel(float* p, float* m, float* v, const float* g, __nv
     end = min(n4, static_cast<int64_t>(blockIdx.x + 1) * chunk);
   }
   for (int64_t i = begin; i < end; i += stride) {
-    float4 p4 = reinterpret_cast<float4*>(p)[i];
-    float4 m4 = reinterpret_cast<float4*>(m)[i];
-    float4 v4 = reinterpret_cast<float4*>(v)[i];
-    const float4 g4 = reinterpret_cast<const float4*>(g)[i];
-    float* pp = &p4.x;
-    float* mm = &m4.x;
-    float* vv = &v4.x;
-    const float* gg = &g4.x;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      mm[k] = 0.9f * mm[k] + 0.1f * gg[k];
-      vv[k] = 0.95f * vv[k] + 0.05f * gg[k] * gg[k];
-      pp[k] = pp[k] * 0.9999f - 1e-4f * mm[k] / (sqrtf(vv[k]) + 1e-8f);
-    }
-    reinterpret_cast<float4*>(p)[i] = p4;
-    reinterpret_cast<float4*>(m)[i] = m4;
-    reinterpret_cast<float4*>(v)[i] = v4;
-    __nv_bfloat162 lo = __floats2bfloat162_rn(p4.x, p4.y), hi = __floats2bfloat162_rn(p4.z, p4.w);
-    uint2 w;
-    w.x = *reinterpret_cast<uint32_t*>(&lo);
-    w.y = *reinterpret_cast<uint32_t*>(&hi);
-    reinterpret_cast<uint2*>(out)[i] = w;
+    float4 p4 = reinterpret_cast<float4*>(p)[i], m4 = reinterpret_cast<float4*>(m)[i],
+           v4 = reinterpret_cast<float4*>(v)[i];
+    update_group(p, m, v, out, i, p4, m4, v4, reinterpret_cast<const float4*>(g)[i], false);
   }
 }
 
@@ -88,18 +106,6 @@ __global__ void update_kernel(float* p, float* m, float* v, const float* g, __nv
 // shared memory the launch asks for keeps a second block, or a GEMM's, off that SM), each thread
 // with U groups of four elements in flight per pass: bytes in flight, not SMs, bound a memory
 // stream, so a few SMs with deep loads can move what the whole GPU moves with shallow ones.
-template <class V>
-__device__ __forceinline__ V load_hint(const V* p, bool cs) {
-  return cs ? __ldcs(p) : *p;
-}
-template <class V>
-__device__ __forceinline__ void store_hint(V* p, V x, bool cs) {
-  if (cs)
-    __stcs(p, x);
-  else
-    *p = x;
-}
-
 // CS: loads and stores marked evict-first (ld/st.global.cs), so the streamed state does not push
 // the GEMMs' operands out of L2.
 template <int U, int T, bool CS = false>
@@ -123,25 +129,7 @@ __global__ void __launch_bounds__(T, 1)
     for (int u = 0; u < U; ++u) {
       const int64_t i = base + u * stride;
       if (i >= n4) break;
-      float* pp = &p4[u].x;
-      float* mm = &m4[u].x;
-      float* vv = &v4[u].x;
-      const float* gg = &g4[u].x;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        mm[k] = 0.9f * mm[k] + 0.1f * gg[k];
-        vv[k] = 0.95f * vv[k] + 0.05f * gg[k] * gg[k];
-        pp[k] = pp[k] * 0.9999f - 1e-4f * mm[k] / (sqrtf(vv[k]) + 1e-8f);
-      }
-      store_hint(reinterpret_cast<float4*>(p) + i, p4[u], CS);
-      store_hint(reinterpret_cast<float4*>(m) + i, m4[u], CS);
-      store_hint(reinterpret_cast<float4*>(v) + i, v4[u], CS);
-      __nv_bfloat162 lo = __floats2bfloat162_rn(p4[u].x, p4[u].y);
-      __nv_bfloat162 hi = __floats2bfloat162_rn(p4[u].z, p4[u].w);
-      uint2 w;
-      w.x = *reinterpret_cast<uint32_t*>(&lo);
-      w.y = *reinterpret_cast<uint32_t*>(&hi);
-      store_hint(reinterpret_cast<uint2*>(out) + i, w, CS);
+      update_group(p, m, v, out, i, p4[u], m4[u], v4[u], g4[u], CS);
     }
   }
 }
