@@ -19,9 +19,10 @@ constexpr int kRowsY = 8;        // threadIdx.y extent of the dw kernel
 constexpr int kFusedRows = 16;
 constexpr int kFusedThreads = kFusedRows * kWarp;
 constexpr int kMaxFusedBlocks = 256;
-// Its shared memory, (kFusedRows + 1) * d floats, at most: 99 KB is what sm_86 and sm_89 allow a
-// block, so the choice of kernel never depends on the GPU (d <= 1490).
+// Its shared memory, (kFusedRows + 1) * d floats (fused_smem_bytes), at most: 99 KB is what sm_86
+// and sm_89 allow a block, so the choice of kernel never depends on the GPU (d <= 1490).
 constexpr int64_t kMaxFusedSmem = 99 * 1024;
+int64_t fused_smem_bytes(int64_t d) { return (kFusedRows + 1) * d * int64_t{sizeof(float)}; }
 
 // forward: r = 1/sqrt(mean(x^2) + eps); y = x * r * w. One warp per row.
 template <typename T, int kV>
@@ -282,7 +283,7 @@ void launch_fused(const T* x, const T* w, const float* rstd, const T* dy, T* dx,
   const int64_t rows_per_block = std::max<int64_t>(
       kFusedRows, ceil_div(ceil_div(n, kMaxFusedBlocks), kFusedRows) * kFusedRows);
   const int64_t blocks = ceil_div(n, rows_per_block);
-  const size_t bytes = static_cast<size_t>((kFusedRows + 1) * d) * sizeof(float);
+  const auto bytes = static_cast<size_t>(fused_smem_bytes(d));
   static std::atomic<uint64_t> configured{0};
   ensure_smem_limit(rmsnorm_backward_fused_kernel<T, kV>, static_cast<int>(kMaxFusedSmem),
                     configured);
@@ -308,7 +309,7 @@ void backward_impl(const T* x, const T* w, const float* rstd, const T* dy, T* dx
   const int64_t blocks = ceil_div(n, rows_per_block);
   const int di = static_cast<int>(d);
   const bool vec = vector_width<T>({x, w, dy, dx, s.partial}, {d}) == kPack<T>;
-  if (vec && (kFusedRows + 1) * d * static_cast<int64_t>(sizeof(float)) <= kMaxFusedSmem) {
+  if (vec && fused_smem_bytes(d) <= kMaxFusedSmem) {
     launch_fused<T, kPack<T>, DW>(x, w, rstd, dy, dx, accumulate, dw, accumulate_dw, n, d, s,
                                   stream);
     return;
