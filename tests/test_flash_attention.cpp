@@ -295,18 +295,25 @@ TEST_CASE("flash attention forward is deterministic", "[gpu][flash_attention]") 
   CHECK(a == b);
 }
 
-// Many heads at a long T: the Hopper kernels then order their CTAs in groups of heads that share
-// the L2 (flash/launch.h, head_order), the last group smaller than the others. Every head and
-// every block must still be computed: kAuto (Hopper) against kMmaSync (FA2) on the same inputs,
-// forward and backward, poisoned outputs. B * H = 70 heads, T = 4096.
-TEST_CASE("flash attention: the grouped CTA order of the Hopper kernels covers every head",
-          "[gpu][flash_attention]") {
+// The Hopper kernels are persistent: one CTA per SM works through the blocks, taking the next
+// one from a device counter (flash/launch.h, PersistentSchedule), and at long T the blocks go in
+// groups of heads that share the L2 (head_order), the last group smaller than the others. Every
+// head and every block must still be computed: kAuto (Hopper) against kMmaSync (FA2) on the same
+// inputs, forward and backward, poisoned outputs. Shape 0: B * H = 70 heads at T = 4096
+// (grouped). Shape 1: 30 heads at T = 2000, 480 blocks of 128 rows, 3-4 per CTA on 132 SMs. The
+// checked run comes after kFlashScheduleSlots unchecked ones, so that its kernels use counters
+// that an earlier launch used and reset.
+TEST_CASE(
+    "flash attention: the persistent, grouped schedule of the Hopper kernels covers every "
+    "block",
+    "[gpu][flash_attention]") {
   const int D = GENERATE(64, 80, 128);
+  const int shape = GENERATE(0, 1);
   if (!flash_attention_uses_wgmma(D)) {
     WARN("not a Hopper run: kAuto is FA2 here, nothing to compare for dh " << D);
     return;
   }
-  const int B = 5, T = 4096, H = 14;
+  const int B = shape == 0 ? 5 : 3, T = shape == 0 ? 4096 : 2000, H = shape == 0 ? 14 : 10;
   const size_t n = static_cast<size_t>(B) * T * H * D;
   const size_t n_lse = static_cast<size_t>(B) * H * T;
   std::mt19937 gen(11);
@@ -321,20 +328,24 @@ TEST_CASE("flash attention: the grouped CTA order of the Hopper kernels covers e
   struct Out {
     std::vector<float> o, lse, dq, dk, dv;
   };
-  auto run = [&](FlashKernels kernels) {
-    DeviceMem o(n * 2), lse(n_lse * 4), dq(n * 2), dk(n * 2), dv(n * 2);
+  DeviceMem o(n * 2), lse(n_lse * 4), dq(n * 2), dk(n * 2), dv(n * 2);
+  auto launch = [&](FlashKernels kernels) {
     for (const DeviceMem* m : {&o, &lse, &dq, &dk, &dv}) m->poison();
     flash_attention_forward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), o.as<bf>(), lse.as<float>(),
                             B, T, H, D, nullptr, kernels);
     flash_attention_backward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), o.as<bf>(), d_do.as<bf>(),
                              lse.as<float>(), dq.as<bf>(), dk.as<bf>(), dv.as<bf>(), work.ptr, B, T,
                              H, D, nullptr, kernels);
+  };
+  auto run = [&](FlashKernels kernels) {
+    launch(kernels);
     CUDA_CHECK(cudaDeviceSynchronize());
     Out out{download_bf16(o, n), std::vector<float>(n_lse), download_bf16(dq, n),
             download_bf16(dk, n), download_bf16(dv, n)};
     CUDA_CHECK(cudaMemcpy(out.lse.data(), lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost));
     return out;
   };
+  for (int i = 0; i < trainer::cuda::kFlashScheduleSlots; ++i) launch(FlashKernels::kAuto);
   const Out hopper = run(FlashKernels::kAuto);
   const Out fa2 = run(FlashKernels::kMmaSync);
   auto as_double = [](const std::vector<float>& x) {
@@ -347,7 +358,8 @@ TEST_CASE("flash attention: the grouped CTA order of the Hopper kernels covers e
                    {"dk", {&hopper.dk, &fa2.dk}},
                    {"dv", {&hopper.dv, &fa2.dv}}};
   for (const auto& [name, pair] : outputs) {
-    INFO("dh " << D << ", " << name << ": Hopper kernels against FA2");
+    INFO("dh " << D << ", B " << B << ", T " << T << ", H " << H << ", " << name
+               << ": Hopper kernels against FA2");
     CHECK(count_nan(*pair.first) == 0);
     CHECK(rel_error(*pair.first, as_double(*pair.second)) < 1e-2);
   }

@@ -27,6 +27,12 @@ bool flash_attention_supports(int head_dim);
 // dq-conversion kernels and its workspace are the same either way.
 enum class FlashKernels { kAuto, kMmaSync };
 
+// The Hopper kernels are persistent: one CTA per SM takes block after block from a counter in
+// device memory, one of kFlashScheduleSlots per kernel used in turn by successive launches. At
+// most that many launches may run at the same time (on different streams, or replays of one CUDA
+// graph on several); launches in stream order may be any number.
+inline constexpr int kFlashScheduleSlots = 16;
+
 // True when kAuto runs the Hopper kernels for this head dim (forward and backward alike): the build
 // targets sm_90a (TRAINER_SM90A, set when CMAKE_CUDA_ARCHITECTURES lists 90a), the current device
 // has compute capability exactly 9.0, and the head dim is 64, 80 or 128.

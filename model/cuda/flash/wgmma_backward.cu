@@ -96,8 +96,16 @@ struct ConfigBase {
   static constexpr int kOffL = kOffDQ + 2 * kDqBytes;
   static constexpr int kOffD = kOffL + 2 * kBlockM * 4;
   static constexpr int kOffBar = kOffD + 2 * kBlockM * 4;
-  static constexpr int kBarriers = 5;  // K/V full; query tile full x 2; query tile empty x 2
-  static constexpr int kSmemBytes = kOffBar + kBarriers * 8 + 1024;
+  // K/V full, K/V empty; query tile full x 2; query tile empty x 2
+  static constexpr int kBarriers = 6;
+  // The epilogue stages dK and dV (bf16, kTileKV each) from kOffDS on, over the dS^T and dQ
+  // buffers, which the block no longer uses, so that the next block's K and V can load meanwhile.
+  static constexpr int kOffStageDK = kOffDS;
+  static constexpr int kOffStageDV = kOffDS + kTileKV;
+  static_assert(kOffDQ == kOffDS + 2 * kDsBytes && 2 * kTileKV <= kOffL - kOffDS,
+                "dK and dV staging fit in the dS^T and dQ buffers");
+  static constexpr int kOffItem = kOffBar + kBarriers * 8;  // the block K and V are for
+  static constexpr int kSmemBytes = kOffItem + 8 + 1024;
   // dQ split: true = warpgroups take 64 query rows each (dS^T panel w, all dh = 64 columns);
   // false = warpgroups take 64 dh columns each (K panel w, all BM = 64 queries).
   static constexpr bool kDqSplitRows = kBlockM == 128;
@@ -134,7 +142,11 @@ struct Params {
   CUtensorMap dq;  // the fp32 accumulator, 32-column boxes of 64 rows
   BwdParams f;
   HeadOrder order;
+  PersistentSchedule sched;
 };
+
+// The schedule's counters (launch.h).
+__device__ unsigned g_schedule[kScheduleSlots][2];
 
 template <int D>
 __global__ void __launch_bounds__(Config<D>::kThreads, 1)
@@ -166,20 +178,25 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   float* const sDs = reinterpret_cast<float*>(s_base_ptr + Cfg::kOffD);
 
   const uint32_t bar_kv = s_base + Cfg::kOffBar;
-  auto q_full = [&](int stage) { return bar_kv + 8u * (1 + stage); };
-  auto q_empty = [&](int stage) { return bar_kv + 8u * (3 + stage); };
+  const uint32_t kv_empty = bar_kv + 8u;
+  volatile int* const s_item = reinterpret_cast<volatile int*>(s_base_ptr + Cfg::kOffItem);
+  auto q_full = [&](int stage) { return bar_kv + 8u * (2 + stage); };
+  auto q_empty = [&](int stage) { return bar_kv + 8u * (4 + stage); };
 
   const int tid = threadIdx.x;
   const int T = p.T;
-  int bh, rank;
-  head_order_cta(params.order, blockIdx.x, bh, rank);
-  const int b = bh / p.H;
-  const int h = bh % p.H;
-  const int n0 = rank * BN;     // rank 0: key block 0, the most query tiles
-  const int m_begin = n0 / BM;  // first query tile holding a query >= the block's first key
   const int m_end = (T + BM - 1) / BM;
-  const float* lse = p.lse + static_cast<int64_t>(bh) * T;
-  const float* dsum = p.dsum + static_cast<int64_t>(bh) * T;
+  // Key block `item` of the schedule: its head and first key; its query tiles run from the first
+  // one holding a query >= that key to m_end.
+  struct Item : OrderedBlock {
+    int n0, m_begin;
+  };
+  auto item_at = [&](int item) {
+    Item it{head_order_block(params.order, item, p.H), 0, 0};
+    it.n0 = it.rank * BN;  // rank 0: key block 0, the most query tiles
+    it.m_begin = it.n0 / BM;
+    return it;
+  };
 
   if (tid == Cfg::kConsumerThreads) {
     tma::prefetch_map(&params.q);
@@ -188,6 +205,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     tma::prefetch_map(&params.dout);
     tma::prefetch_map(&params.dq);
     tma::barrier_init(bar_kv, 1);
+    tma::barrier_init(kv_empty, Cfg::kConsumerThreads);
     for (int s = 0; s < 2; ++s) {
       tma::barrier_init(q_full(s), 1 + 32);  // the TMA bytes' arrival + the lse / D warp
       tma::barrier_init(q_empty(s), Cfg::kConsumerThreads);
@@ -198,33 +216,59 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 
   if (tid >= Cfg::kConsumerThreads) {
     wg::set_max_registers_dec<Cfg::kProducerRegs>();
-    // Producer: its first warp. Lane 0 issues the TMA loads of K and V (once) and of Q and dO per
-    // query tile; all 32 lanes copy the tile's lse and D (rows >= T as 0) and then arrive, so the
-    // tile's "full" barrier completes when both the bytes and the 32 arrivals are in. Tile it
-    // goes to stage it % 2; from it = 2 on it waits for the consumers' release of that stage.
+    // Producer: its first warp. Lane 0 issues the TMA loads of K and V (once per key block) and
+    // of Q and dO per query tile; all 32 lanes copy the tile's lse and D (rows >= T as 0) and then
+    // arrive, so the tile's "full" barrier completes when both the bytes and the 32 arrivals are
+    // in. The qt-th query tile of the CTA (blocks in schedule order) goes to stage qt % 2; from
+    // qt = 2 on it waits for the consumers' release of that stage. A block's K and V wait for the
+    // release of the block before's (after its last products), come with the block's index in
+    // s_item, and are issued after its first query tile, so that both land while the consumers
+    // write the block before's dK and dV. Index -1 (an arrival without bytes) tells them there is
+    // no block left.
     if (tid < Cfg::kConsumerThreads + 32) {
+      unsigned* const counters = g_schedule[params.sched.slot];
       const int lane = tid & 31;
-      if (lane == 0) {
-        tma::arrive_expect_tx(bar_kv, 2 * Cfg::kTileKV);
-        tma::load_head_tile<BN, D>(sK, &params.k, bar_kv, b, h, n0);
-        tma::load_head_tile<BN, D>(sV, &params.v, bar_kv, b, h, n0);
+      int qt = 0;
+      int blocks_done = 0;
+      for (int item = blockIdx.x; item < params.sched.items; ++blocks_done) {
+        const Item blk = item_at(item);
+        const float* lse = p.lse + static_cast<int64_t>(blk.bh) * T;
+        const float* dsum = p.dsum + static_cast<int64_t>(blk.bh) * T;
+        for (int m = blk.m_begin; m < m_end; ++m, ++qt) {
+          const int stage = qt & 1;
+          const int m0 = m * BM;
+          if (qt >= 2) tma::wait(q_empty(stage), ((qt >> 1) - 1) & 1);
+          if (lane == 0) {
+            tma::arrive_expect_tx(q_full(stage), 2 * Cfg::kTileQ);
+            tma::load_head_tile<BM, D>(sQ + stage * Cfg::kTileQ, &params.q, q_full(stage), blk.b,
+                                       blk.h, m0);
+            tma::load_head_tile<BM, D>(sdO + stage * Cfg::kTileQ, &params.dout, q_full(stage),
+                                       blk.b, blk.h, m0);
+          }
+          for (int i = lane; i < BM; i += 32) {
+            const bool valid = m0 + i < T;
+            sL[stage * BM + i] = valid ? lse[m0 + i] : 0.f;
+            sDs[stage * BM + i] = valid ? dsum[m0 + i] : 0.f;
+          }
+          tma::arrive(q_full(stage));
+          if (m == blk.m_begin && lane == 0) {
+            if (blocks_done > 0) tma::wait(kv_empty, (blocks_done - 1) & 1);
+            *s_item = item;
+            tma::arrive_expect_tx(bar_kv, 2 * Cfg::kTileKV);
+            tma::load_head_tile<BN, D>(sK, &params.k, bar_kv, blk.b, blk.h, blk.n0);
+            tma::load_head_tile<BN, D>(sV, &params.v, bar_kv, blk.b, blk.h, blk.n0);
+          }
+          __syncwarp();
+        }
+        int next = 0;
+        if (lane == 0) next = params.sched.claim(counters);
+        item = __shfl_sync(0xffffffffu, next, 0);
       }
-      for (int m = m_begin, it = 0; m < m_end; ++m, ++it) {
-        const int stage = it & 1;
-        const int m0 = m * BM;
-        if (it >= 2) tma::wait(q_empty(stage), ((it >> 1) - 1) & 1);
-        if (lane == 0) {
-          tma::arrive_expect_tx(q_full(stage), 2 * Cfg::kTileQ);
-          tma::load_head_tile<BM, D>(sQ + stage * Cfg::kTileQ, &params.q, q_full(stage), b, h, m0);
-          tma::load_head_tile<BM, D>(sdO + stage * Cfg::kTileQ, &params.dout, q_full(stage), b, h,
-                                     m0);
-        }
-        for (int i = lane; i < BM; i += 32) {
-          const bool valid = m0 + i < T;
-          sL[stage * BM + i] = valid ? lse[m0 + i] : 0.f;
-          sDs[stage * BM + i] = valid ? dsum[m0 + i] : 0.f;
-        }
-        tma::arrive(q_full(stage));
+      if (lane == 0) {
+        tma::wait(kv_empty, (blocks_done - 1) & 1);  // blocks_done >= 1: block c is CTA c's
+        *s_item = -1;
+        tma::arrive(bar_kv);
+        params.sched.finish(counters);
       }
     }
     return;
@@ -239,10 +283,8 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   const int g = lane >> 2;
   const int t = lane & 3;
   const int64_t ld = static_cast<int64_t>(p.H) * D;
-  const int64_t head_off = static_cast<int64_t>(b) * T * ld + static_cast<int64_t>(h) * D;
   unsigned char* const dq_buf = s_base_ptr + Cfg::kOffDQ + wgi * Cfg::kDqBytes;
   const uint32_t sdQ = s_base + Cfg::kOffDQ + wgi * Cfg::kDqBytes;
-  const int key_wg = n0 + wgi * 64;            // first key of this warpgroup
   const int key_l = wgi * 64 + warp * 16 + g;  // this thread's key rows in the block: key_l, +8
 
   // Descriptors (SW128, wgmma.cuh).
@@ -270,8 +312,6 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 
   float acc_dk[kAccRegs];
   float acc_dv[kAccRegs];
-#pragma unroll
-  for (int i = 0; i < kAccRegs; ++i) acc_dk[i] = acc_dv[i] = 0.f;
 
   // dP^T = V dO^T (raw fp32), K-major A = V rows of this warpgroup, K-major B = dO.
   auto issue_dp = [&](float(&acc)[kSRegs], uint32_t q_off) {
@@ -286,246 +326,268 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
                    wg::desc_advance(desc_do_mn, q_off + wg::mnmajor_chunk_offset(kk)), 1);
   };
 
-  tma::wait(bar_kv, 0);
-  for (int m = m_begin, it = 0; m < m_end; ++m, ++it) {
-    const int stage = it & 1;
-    const int m0 = m * BM;
-    tma::wait(q_full(stage), (it >> 1) & 1);
-    const uint32_t q_off = stage * Cfg::kTileQ;
-    // dS^T has two buffers too: a warpgroup may write tile it + 1's while the other still reads
-    // tile it's in its dQ product; the barrier before dQ keeps them within one tile of each other.
-    const uint32_t ds_off = stage * Cfg::kDsBytes;
-    const float* sLs = sL + stage * BM;
-    const float* sDss = sDs + stage * BM;
+  int qt = 0;  // query tiles so far (as the producer counts them)
+  for (int blocks_done = 0;; ++blocks_done) {
+    tma::wait(bar_kv, blocks_done & 1);
+    const int item = *s_item;
+    if (item < 0) break;
+    const Item blk = item_at(item);
+    const int b = blk.b;
+    const int h = blk.h;
+    const int n0 = blk.n0;
+    const int key_wg = n0 + wgi * 64;  // first key of this warpgroup
+#pragma unroll
+    for (int i = 0; i < kAccRegs; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+    for (int m = blk.m_begin; m < m_end; ++m, ++qt) {
+      const int stage = qt & 1;
+      const int m0 = m * BM;
+      tma::wait(q_full(stage), (qt >> 1) & 1);
+      const uint32_t q_off = stage * Cfg::kTileQ;
+      // dS^T has two buffers too: a warpgroup may write tile it + 1's while the other still reads
+      // tile it's in its dQ product; the barrier before dQ keeps them within one tile of each
+      // other.
+      const uint32_t ds_off = stage * Cfg::kDsBytes;
+      const float* sLs = sL + stage * BM;
+      const float* sDss = sDs + stage * BM;
 
-    float s[kSRegs];
-    float dp[kSRegs];
-    uint32_t pa[kKM][4];
-    uint32_t da[kKM][4];
-    const bool need_mask = (key_wg + 63 > m0) || (m0 + BM > T);
-    const int key_rel = n0 + key_l - m0 - 2 * t;  // masked: 8i + (e & 1) - 8 (e >> 1) < key_rel
-    const int q_lim = T - m0 - 2 * t;             // masked: 8i + (e & 1) >= q_lim
+      float s[kSRegs];
+      float dp[kSRegs];
+      uint32_t pa[kKM][4];
+      uint32_t da[kKM][4];
+      const bool need_mask = (key_wg + 63 > m0) || (m0 + BM > T);
+      const int key_rel = n0 + key_l - m0 - 2 * t;  // masked: 8i + (e & 1) - 8 (e >> 1) < key_rel
+      const int q_lim = T - m0 - 2 * t;             // masked: 8i + (e & 1) >= q_lim
 
-    // S^T = K Q^T (raw fp32 dot products).
-    wg::fence();
-    wg::ss_kmajor<kKD, BN, BM, BM>(s, desc_k, wg::desc_advance(desc_q, q_off));
-    wg::commit_group();
-    if constexpr (!Cfg::kEarlyP) {
-      // dP^T = V dO^T in its own group, running while P^T is computed.
-      issue_dp(dp, q_off);
+      // S^T = K Q^T (raw fp32 dot products).
+      wg::fence();
+      wg::ss_kmajor<kKD, BN, BM, BM>(s, desc_k, wg::desc_advance(desc_q, q_off));
       wg::commit_group();
-      wg::wait_group<1>();
-    } else {
-      wg::wait_group<0>();
-    }
-    wg::fence_operands(s);
-
-    // P^T. Accumulator element s[4i + e] is key key_l + 8 (e >> 1), query m0 + 8i + 2t + (e & 1)
-    // (wgmma.cuh D layout with rows = keys, columns = queries). Masked: key > query (the causal
-    // mask; keys >= T are beyond every query < T) and queries >= T (zero-filled Q rows would give
-    // P = exp2(0 - 0) = 1 there).
-#pragma unroll
-    for (int i = 0; i < BM / 8; ++i) {
-      const float2 l2 = *reinterpret_cast<const float2*>(sLs + i * 8 + 2 * t);
-      const float lse2[2] = {l2.x * kLog2e, l2.y * kLog2e};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float pv = fast_exp2(fmaf(s[4 * i + e], p.scale_log2, -lse2[e & 1]));
-        if (need_mask) {
-          // key = n0 + key_l + 8 (e >> 1), query = m0 + 8i + 2t + (e & 1), relative to 2t.
-          const int qi = i * 8 + (e & 1);
-          if (qi - (e >> 1) * 8 < key_rel || qi >= q_lim) pv = 0.f;
-        }
-        s[4 * i + e] = pv;
+      if constexpr (!Cfg::kEarlyP) {
+        // dP^T = V dO^T in its own group, running while P^T is computed.
+        issue_dp(dp, q_off);
+        wg::commit_group();
+        wg::wait_group<1>();
+      } else {
+        wg::wait_group<0>();
       }
-    }
+      wg::fence_operands(s);
 
-    // P^T and dS^T (bf16) as register A operands of dV / dK (M = keys, K = queries): k-chunk kk =
-    // queries 16kk .. 16kk+15 = accumulator 8-column blocks 2kk and 2kk+1 = elements
-    // [8kk, 8kk + 8). Packed as pairs (8kk + 2j, 8kk + 2j + 1), j = 0..3, they are
-    //   j = 0: key row g,     queries 2t, 2t+1        = a[0]
-    //   j = 1: key row g + 8, queries 2t, 2t+1        = a[1]
-    //   j = 2: key row g,     queries 8 + 2t, 9 + 2t  = a[2]
-    //   j = 3: key row g + 8, queries 8 + 2t, 9 + 2t  = a[3]
-    // of the chunk, exactly the A-from-registers layout of wgmma.cuh (same argument as the
-    // forward's P). No data moves between threads.
+      // P^T. Accumulator element s[4i + e] is key key_l + 8 (e >> 1), query m0 + 8i + 2t + (e & 1)
+      // (wgmma.cuh D layout with rows = keys, columns = queries). Masked: key > query (the causal
+      // mask; keys >= T are beyond every query < T) and queries >= T (zero-filled Q rows would give
+      // P = exp2(0 - 0) = 1 there).
 #pragma unroll
-    for (int kk = 0; kk < kKM; ++kk)
+      for (int i = 0; i < BM / 8; ++i) {
+        const float2 l2 = *reinterpret_cast<const float2*>(sLs + i * 8 + 2 * t);
+        const float lse2[2] = {l2.x * kLog2e, l2.y * kLog2e};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) pa[kk][j] = pack_bf16(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+        for (int e = 0; e < 4; ++e) {
+          float pv = fast_exp2(fmaf(s[4 * i + e], p.scale_log2, -lse2[e & 1]));
+          if (need_mask) {
+            // key = n0 + key_l + 8 (e >> 1), query = m0 + 8i + 2t + (e & 1), relative to 2t.
+            const int qi = i * 8 + (e & 1);
+            if (qi - (e >> 1) * 8 < key_rel || qi >= q_lim) pv = 0.f;
+          }
+          s[4 * i + e] = pv;
+        }
+      }
 
-    if constexpr (Cfg::kEarlyP) {
-      // Register-lean order (dh 64): the fp32 P^T dies here, then dP^T = V dO^T. (dV is issued
-      // with dK below, not now: dS^T reads the bf16 P^T registers, and the A registers of an
-      // in-flight wgmma must not be accessed.)
+      // P^T and dS^T (bf16) as register A operands of dV / dK (M = keys, K = queries): k-chunk kk =
+      // queries 16kk .. 16kk+15 = accumulator 8-column blocks 2kk and 2kk+1 = elements
+      // [8kk, 8kk + 8). Packed as pairs (8kk + 2j, 8kk + 2j + 1), j = 0..3, they are
+      //   j = 0: key row g,     queries 2t, 2t+1        = a[0]
+      //   j = 1: key row g + 8, queries 2t, 2t+1        = a[1]
+      //   j = 2: key row g,     queries 8 + 2t, 9 + 2t  = a[2]
+      //   j = 3: key row g + 8, queries 8 + 2t, 9 + 2t  = a[3]
+      // of the chunk, exactly the A-from-registers layout of wgmma.cuh (same argument as the
+      // forward's P). No data moves between threads.
 #pragma unroll
       for (int kk = 0; kk < kKM; ++kk)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) wg::fence_operand(pa[kk][j]);
-      wg::fence();
-      issue_dp(dp, q_off);
-      wg::commit_group();
-      wg::wait_group<0>();
-    } else {
-      // Default order (dh 128): dS^T uses the fp32 P^T, so the bf16 copy is free to feed
-      // dV += P^T dO right away; it runs while dS^T is computed. Groups in flight: dP^T, dV.
+        for (int j = 0; j < 4; ++j) pa[kk][j] = pack_bf16(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+
+      if constexpr (Cfg::kEarlyP) {
+        // Register-lean order (dh 64): the fp32 P^T dies here, then dP^T = V dO^T. (dV is issued
+        // with dK below, not now: dS^T reads the bf16 P^T registers, and the A registers of an
+        // in-flight wgmma must not be accessed.)
+#pragma unroll
+        for (int kk = 0; kk < kKM; ++kk)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) wg::fence_operand(pa[kk][j]);
+        wg::fence();
+        issue_dp(dp, q_off);
+        wg::commit_group();
+        wg::wait_group<0>();
+      } else {
+        // Default order (dh 128): dS^T uses the fp32 P^T, so the bf16 copy is free to feed
+        // dV += P^T dO right away; it runs while dS^T is computed. Groups in flight: dP^T, dV.
+#pragma unroll
+        for (int kk = 0; kk < kKM; ++kk)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) wg::fence_operand(pa[kk][j]);
+        wg::fence_operands(acc_dv);
+        wg::fence();
+        issue_dv(pa, q_off);
+        wg::commit_group();
+        wg::wait_group<1>();  // dP^T done
+      }
+      wg::fence_operands(dp);
+
+      // dS^T = P^T o (dP^T - D), same element positions. In the register-lean order P^T is taken
+      // back from its bf16 copy (the one dV uses), an extra relative rounding of at most 2^-9.
+#pragma unroll
+      for (int i = 0; i < BM / 8; ++i) {
+        const float2 d2 = *reinterpret_cast<const float2*>(sDss + i * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          float p0, p1;
+          if constexpr (Cfg::kEarlyP) {
+            // Element 4i + e = 8 (i / 2) + 2j with j = 2 (i % 2) + e / 2.
+            const float2 pf = unpack_bf16(pa[i >> 1][2 * (i & 1) + (e >> 1)]);
+            p0 = pf.x;
+            p1 = pf.y;
+          } else {
+            p0 = s[4 * i + e];
+            p1 = s[4 * i + e + 1];
+          }
+          dp[4 * i + e] = p0 * (dp[4 * i + e] - d2.x);
+          dp[4 * i + e + 1] = p1 * (dp[4 * i + e + 1] - d2.y);
+        }
+      }
 #pragma unroll
       for (int kk = 0; kk < kKM; ++kk)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) wg::fence_operand(pa[kk][j]);
-      wg::fence_operands(acc_dv);
-      wg::fence();
-      issue_dv(pa, q_off);
-      wg::commit_group();
-      wg::wait_group<1>();  // dP^T done
-    }
-    wg::fence_operands(dp);
+        for (int j = 0; j < 4; ++j)
+          da[kk][j] = pack_bf16(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
 
-    // dS^T = P^T o (dP^T - D), same element positions. In the register-lean order P^T is taken
-    // back from its bf16 copy (the one dV uses), an extra relative rounding of at most 2^-9.
+          // dS^T to shared memory for the dQ product: row = key (block-local), column = query
+          // (tile-local), SW128 panels of 64 queries (panel size 128 rows * 128 bytes). Register j
+          // of chunk kk holds key row key_l + 8 (j & 1), queries 16kk + 8 (j >> 1) + 2t, +1 (see
+          // above). For one (kk, j) the warp's 8 rows g land in 8 different 16-byte chunk positions
+          // of their 128-byte rows and t picks the 4-byte word: all 32 banks, no conflict.
 #pragma unroll
-    for (int i = 0; i < BM / 8; ++i) {
-      const float2 d2 = *reinterpret_cast<const float2*>(sDss + i * 8 + 2 * t);
+      for (int kk = 0; kk < kKM; ++kk)
 #pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        float p0, p1;
-        if constexpr (Cfg::kEarlyP) {
-          // Element 4i + e = 8 (i / 2) + 2j with j = 2 (i % 2) + e / 2.
-          const float2 pf = unpack_bf16(pa[i >> 1][2 * (i & 1) + (e >> 1)]);
-          p0 = pf.x;
-          p1 = pf.y;
+        for (int j = 0; j < 4; ++j) {
+          const int row = key_l + 8 * (j & 1);
+          const int col = 16 * kk + 8 * (j >> 1) + 2 * t;
+          *reinterpret_cast<uint32_t*>(sdS_ptr + ds_off + wg::sw128_offset<BN>(row, col)) =
+              da[kk][j];
+        }
+#pragma unroll
+      for (int kk = 0; kk < kKM; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          wg::fence_operand(pa[kk][j]);
+          wg::fence_operand(da[kk][j]);
+        }
+
+      // dK += dS^T Q (and dV += P^T dO in the register-lean order).
+      wg::fence_operands(acc_dk);
+      if constexpr (Cfg::kEarlyP) wg::fence_operands(acc_dv);
+      wg::fence();
+      if constexpr (Cfg::kEarlyP) issue_dv(pa, q_off);
+#pragma unroll
+      for (int kk = 0; kk < kKM; ++kk)
+        MmaKV::rs_mn(acc_dk, da[kk],
+                     wg::desc_advance(desc_q_mn, q_off + wg::mnmajor_chunk_offset(kk)), 1);
+      wg::commit_group();
+
+      // Publish dS^T (generic-proxy stores) to both warpgroups' wgmma (async proxy); the producer
+      // does not take part.
+      wg::fence_proxy_async_shared();
+      wg::named_barrier(kConsumersBarrier, Cfg::kConsumerThreads);
+
+      // dQ share = dS K over the block's 128 keys. k-chunk kk = keys 16kk .. 16kk+15 = rows 16kk..
+      // of the dS^T panel and of the K panel: + 16kk * 128 bytes on both descriptors.
+      float dq[32];
+#pragma unroll
+      for (int kk = 0; kk < kKN; ++kk) {
+        const uint64_t da_desc = wg::desc_advance(desc_ds, ds_off + wg::mnmajor_chunk_offset(kk));
+        const uint64_t db_desc = wg::desc_advance(desc_k_mn, wg::mnmajor_chunk_offset(kk));
+        if (kk == 0) {
+          MmaQ::ss_tt_overwrite(dq, da_desc, db_desc);
         } else {
-          p0 = s[4 * i + e];
-          p1 = s[4 * i + e + 1];
+          MmaQ::ss_tt(dq, da_desc, db_desc, 1);
         }
-        dp[4 * i + e] = p0 * (dp[4 * i + e] - d2.x);
-        dp[4 * i + e + 1] = p1 * (dp[4 * i + e + 1] - d2.y);
+      }
+      wg::commit_group();
+      wg::wait_group<0>();
+      wg::fence_operands(dq);
+      wg::fence_operands(acc_dv);
+      wg::fence_operands(acc_dk);
+#pragma unroll
+      for (int kk = 0; kk < kKM; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          wg::fence_operand(pa[kk][j]);
+          wg::fence_operand(da[kk][j]);
+        }
+      // Every read of this stage (Q, dO by the products, lse and D) is done: release it.
+      tma::arrive(q_empty(stage));
+
+      // dq[4i + e] = dQ[m0 + dq_row0 + 16 warp + g + 8 (e >> 1)][dq_col0 + 8i + 2t + (e & 1)].
+      // The share goes to this warpgroup's buffer as two SW128 panels of 32 fp32 columns (16-byte
+      // chunk c of row r at chunk position c ^ (r % 8): a warp's float2 stores fill all 32 banks
+      // twice, no conflict), and one thread adds it into dq_acc with a TMA reduction, which leaves
+      // rows >= T out. Per-element atomics from every thread cost the kernel about 30% here.
+      if (wtid == 0) tma::bulk_wait_group_read<0>();  // the previous tile's reduction read it
+      wg::named_barrier(1 + wgi, 128);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp * 16 + g + r * 8;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int col = 8 * i + 2 * t;
+          const uint32_t off = (col >> 5) * Cfg::kDqPanel + row * 128 +
+                               ((((col & 31) >> 2) ^ (row & 7)) << 4) + (col & 3) * 4;
+          *reinterpret_cast<float2*>(dq_buf + off) =
+              make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+        }
+      }
+      wg::fence_proxy_async_shared();
+      wg::named_barrier(1 + wgi, 128);
+      if (wtid == 0) {
+        tma::reduce_add_4d(&params.dq, sdQ, dq_col0, h, m0 + dq_row0, b);
+        if (dq_col0 + 32 < D)  // head dim 80: warpgroup 1's columns 96.. lie outside dQ
+          tma::reduce_add_4d(&params.dq, sdQ + Cfg::kDqPanel, dq_col0 + 32, h, m0 + dq_row0, b);
+        tma::bulk_commit_group();
       }
     }
-#pragma unroll
-    for (int kk = 0; kk < kKM; ++kk)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) da[kk][j] = pack_bf16(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
 
-        // dS^T to shared memory for the dQ product: row = key (block-local), column = query
-        // (tile-local), SW128 panels of 64 queries (panel size 128 rows * 128 bytes). Register j of
-        // chunk kk holds key row key_l + 8 (j & 1), queries 16kk + 8 (j >> 1) + 2t, +1 (see above).
-        // For one (kk, j) the warp's 8 rows g land in 8 different 16-byte chunk positions of their
-        // 128-byte rows and t picks the 4-byte word: all 32 banks, no conflict.
-#pragma unroll
-    for (int kk = 0; kk < kKM; ++kk)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int row = key_l + 8 * (j & 1);
-        const int col = 16 * kk + 8 * (j >> 1) + 2 * t;
-        *reinterpret_cast<uint32_t*>(sdS_ptr + ds_off + wg::sw128_offset<BN>(row, col)) = da[kk][j];
-      }
-#pragma unroll
-    for (int kk = 0; kk < kKM; ++kk)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        wg::fence_operand(pa[kk][j]);
-        wg::fence_operand(da[kk][j]);
-      }
+    // Both warpgroups' products of the block completed (each waited for its last dQ product, which
+    // reads all of K): the producer may load the next block's K and V.
+    tma::arrive(kv_empty);
 
-    // dK += dS^T Q (and dV += P^T dO in the register-lean order).
-    wg::fence_operands(acc_dk);
-    if constexpr (Cfg::kEarlyP) wg::fence_operands(acc_dv);
-    wg::fence();
-    if constexpr (Cfg::kEarlyP) issue_dv(pa, q_off);
-#pragma unroll
-    for (int kk = 0; kk < kKM; ++kk)
-      MmaKV::rs_mn(acc_dk, da[kk],
-                   wg::desc_advance(desc_q_mn, q_off + wg::mnmajor_chunk_offset(kk)), 1);
-    wg::commit_group();
-
-    // Publish dS^T (generic-proxy stores) to both warpgroups' wgmma (async proxy); the producer
-    // does not take part.
+    // Epilogue. Each warpgroup stages its 64 rows of dK (scaled) and dV as bf16 over the dS^T and
+    // dQ buffers (SW128 panels of BN rows, as K and V: the 8 rows g of a warp hit 8 different chunk
+    // positions, conflict-free), then copies them out in 16-byte chunks. The first barrier waits
+    // for both warpgroups' last dQ products (async-proxy reads of dS^T, ordered before these
+    // generic writes by the fence) and their last reductions' reads of the dQ buffers; the last
+    // keeps the next block's dS^T and dQ writes behind both warpgroups' reads of the staged rows.
+    if (wtid == 0) tma::bulk_wait_group_read<0>();
     wg::fence_proxy_async_shared();
     wg::named_barrier(kConsumersBarrier, Cfg::kConsumerThreads);
-
-    // dQ share = dS K over the block's 128 keys. k-chunk kk = keys 16kk .. 16kk+15 = rows 16kk..
-    // of the dS^T panel and of the K panel: + 16kk * 128 bytes on both descriptors.
-    float dq[32];
+    unsigned char* const stage_dk = s_base_ptr + Cfg::kOffStageDK;
+    unsigned char* const stage_dv = s_base_ptr + Cfg::kOffStageDV;
 #pragma unroll
-    for (int kk = 0; kk < kKN; ++kk) {
-      const uint64_t da_desc = wg::desc_advance(desc_ds, ds_off + wg::mnmajor_chunk_offset(kk));
-      const uint64_t db_desc = wg::desc_advance(desc_k_mn, wg::mnmajor_chunk_offset(kk));
-      if (kk == 0) {
-        MmaQ::ss_tt_overwrite(dq, da_desc, db_desc);
-      } else {
-        MmaQ::ss_tt(dq, da_desc, db_desc, 1);
+    for (int r2 = 0; r2 < 2; ++r2) {
+      const int row_l = key_l + r2 * 8;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        const uint32_t off = wg::sw128_offset<BN>(row_l, 8 * i + 2 * t);
+        *reinterpret_cast<uint32_t*>(stage_dk + off) =
+            pack_bf16(acc_dk[4 * i + 2 * r2] * p.scale, acc_dk[4 * i + 2 * r2 + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(stage_dv + off) =
+            pack_bf16(acc_dv[4 * i + 2 * r2], acc_dv[4 * i + 2 * r2 + 1]);
       }
     }
-    wg::commit_group();
-    wg::wait_group<0>();
-    wg::fence_operands(dq);
-    wg::fence_operands(acc_dv);
-    wg::fence_operands(acc_dk);
-#pragma unroll
-    for (int kk = 0; kk < kKM; ++kk)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        wg::fence_operand(pa[kk][j]);
-        wg::fence_operand(da[kk][j]);
-      }
-    // Every read of this stage (Q, dO by the products, lse and D) is done: release it.
-    tma::arrive(q_empty(stage));
-
-    // dq[4i + e] = dQ[m0 + dq_row0 + 16 warp + g + 8 (e >> 1)][dq_col0 + 8i + 2t + (e & 1)].
-    // The share goes to this warpgroup's buffer as two SW128 panels of 32 fp32 columns (16-byte
-    // chunk c of row r at chunk position c ^ (r % 8): a warp's float2 stores fill all 32 banks
-    // twice, no conflict), and one thread adds it into dq_acc with a TMA reduction, which leaves
-    // rows >= T out. Per-element atomics from every thread cost the kernel about 30% here.
-    if (wtid == 0) tma::bulk_wait_group_read<0>();  // the previous tile's reduction read it
-    wg::named_barrier(1 + wgi, 128);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = warp * 16 + g + r * 8;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int col = 8 * i + 2 * t;
-        const uint32_t off = (col >> 5) * Cfg::kDqPanel + row * 128 +
-                             ((((col & 31) >> 2) ^ (row & 7)) << 4) + (col & 3) * 4;
-        *reinterpret_cast<float2*>(dq_buf + off) =
-            make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
-      }
-    }
-    wg::fence_proxy_async_shared();
-    wg::named_barrier(1 + wgi, 128);
-    if (wtid == 0) {
-      tma::reduce_add_4d(&params.dq, sdQ, dq_col0, h, m0 + dq_row0, b);
-      if (dq_col0 + 32 < D)  // head dim 80: warpgroup 1's columns 96.. lie outside dQ
-        tma::reduce_add_4d(&params.dq, sdQ + Cfg::kDqPanel, dq_col0 + 32, h, m0 + dq_row0, b);
-      tma::bulk_commit_group();
-    }
+    wg::named_barrier(1 + wgi, 128);  // this warpgroup's rows are staged
+    const int64_t head_off = static_cast<int64_t>(b) * T * ld + static_cast<int64_t>(h) * D;
+    wg::store_rows_sw128<BN, D>(p.dk + head_off + n0 * ld, ld, stage_dk, wgi * 64, T - n0, wtid);
+    wg::store_rows_sw128<BN, D>(p.dv + head_off + n0 * ld, ld, stage_dv, wgi * 64, T - n0, wtid);
+    wg::named_barrier(kConsumersBarrier, Cfg::kConsumerThreads);
   }
-
-  // Epilogue. Every wgmma of both consumer warpgroups (the last dQ product reads all of K)
-  // completed before the barrier; the proxy fence orders those async-proxy reads before the
-  // generic writes below.
-  // Each warpgroup stages its 64 rows of dK (scaled) and dV as bf16 in the K / V tiles (same
-  // swizzled layout: the 8 rows g of a warp hit 8 different chunk positions, conflict-free), then
-  // copies them out in 16-byte chunks.
-  wg::fence_proxy_async_shared();
-  wg::named_barrier(kConsumersBarrier, Cfg::kConsumerThreads);
-  unsigned char* const sK_ptr = s_base_ptr + Cfg::kOffK;
-  unsigned char* const sV_ptr = s_base_ptr + Cfg::kOffV;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row_l = key_l + r * 8;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      const uint32_t off = wg::sw128_offset<BN>(row_l, 8 * i + 2 * t);
-      *reinterpret_cast<uint32_t*>(sK_ptr + off) =
-          pack_bf16(acc_dk[4 * i + 2 * r] * p.scale, acc_dk[4 * i + 2 * r + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(sV_ptr + off) =
-          pack_bf16(acc_dv[4 * i + 2 * r], acc_dv[4 * i + 2 * r + 1]);
-    }
-  }
-  wg::named_barrier(1 + wgi, 128);  // this warpgroup's rows are staged
-  wg::store_rows_sw128<BN, D>(p.dk + head_off + n0 * ld, ld, sK_ptr, wgi * 64, T - n0, wtid);
-  wg::store_rows_sw128<BN, D>(p.dv + head_off + n0 * ld, ld, sV_ptr, wgi * 64, T - n0, wtid);
   if (wtid == 0) tma::bulk_wait_group<0>();  // the last reduction is done with shared memory
 #else
   // Built for an architecture without wgmma: never launched (flash_attention_uses_wgmma is false).
@@ -546,8 +608,9 @@ void launch(const BwdParams& f, int B, cudaStream_t stream) {
   // The working set of a head: its fp32 dQ accumulator (read-modify-written by every key block),
   // Q and dO.
   p.order = head_order(B, f.H, f.T, Cfg::kBlockN, D * 4 + 2 * D * 2, "flash attention backward");
-  launch_kernel<flash_wgmma_bwd_kernel<D>>(p, p.order.ctas(), Cfg::kThreads, Cfg::kSmemBytes,
-                                           stream, "flash_wgmma_bwd_kernel");
+  p.sched = persistent_schedule(p.order);
+  launch_kernel<flash_wgmma_bwd_kernel<D>>(p, static_cast<unsigned>(p.sched.ctas), Cfg::kThreads,
+                                           Cfg::kSmemBytes, stream, "flash_wgmma_bwd_kernel");
 }
 
 }  // namespace
