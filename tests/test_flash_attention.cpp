@@ -365,6 +365,73 @@ TEST_CASE(
   }
 }
 
+// q, k, v as columns of one (B, T, ld) buffer, [v | k | q | pad] as the model's fused projection
+// writes them, and dq, dk, dv into columns of another: the same bits as with whole-head rows (dq up
+// to its summation order), and the columns between them untouched. Both kernel families.
+TEST_CASE("flash attention reads and writes heads inside wider rows", "[gpu][flash_attention]") {
+  const int D = GENERATE(32, 64, 80, 128);
+  const int B = 2, T = 300, H = 4;
+  const int64_t d = static_cast<int64_t>(H) * D, ld = 3 * d + 8;
+  const size_t n = static_cast<size_t>(B) * T * d, n_wide = static_cast<size_t>(B) * T * ld;
+  const size_t n_lse = static_cast<size_t>(B) * H * T;
+  std::mt19937 gen(21);
+  const Bf16Tensor wide(n_wide, gen), dout(n, gen);
+  DeviceMem d_wide(n_wide * 2), d_do(n * 2), d_q(n * 2), d_k(n * 2), d_v(n * 2);
+  wide.upload(d_wide);
+  dout.upload(d_do);
+  using bf = __nv_bfloat16;
+  const bf* V = d_wide.as<bf>();
+  const bf* K = V + d;
+  const bf* Q = V + 2 * d;
+  // The same q, k, v with whole-head rows.
+  for (int j = 0; j < 3; ++j)
+    CUDA_CHECK(cudaMemcpy2D((j == 0   ? d_v
+                             : j == 1 ? d_k
+                                      : d_q)
+                                .ptr,
+                            d * 2, V + j * d, ld * 2, d * 2, static_cast<size_t>(B) * T,
+                            cudaMemcpyDeviceToDevice));
+  DeviceMem work(flash_attention_backward_workspace_bytes(B, T, H, D));
+  for (FlashKernels kernels : kBothKernels) {
+    INFO("dh " << D << (kernels == FlashKernels::kAuto ? ", kAuto" : ", kMmaSync"));
+    DeviceMem o1(n * 2), o2(n * 2), l1(n_lse * 4), l2(n_lse * 4);
+    DeviceMem dq(n * 2), dk(n * 2), dv(n * 2), dwide(n_wide * 2);
+    for (const DeviceMem* m : {&o1, &o2, &l1, &l2, &dq, &dk, &dv, &dwide}) m->poison();
+    flash_attention_forward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), o1.as<bf>(), l1.as<float>(),
+                            B, T, H, D, nullptr, kernels);
+    flash_attention_forward(Q, K, V, o2.as<bf>(), l2.as<float>(), B, T, H, D, nullptr, kernels,
+                            {ld, 0});
+    flash_attention_backward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), o1.as<bf>(), d_do.as<bf>(),
+                             l1.as<float>(), dq.as<bf>(), dk.as<bf>(), dv.as<bf>(), work.ptr, B, T,
+                             H, D, nullptr, kernels);
+    bf* dV = dwide.as<bf>();
+    flash_attention_backward(Q, K, V, o2.as<bf>(), d_do.as<bf>(), l2.as<float>(), dV + 2 * d,
+                             dV + d, dV, work.ptr, B, T, H, D, nullptr, kernels, {ld, ld});
+    CUDA_CHECK(cudaDeviceSynchronize());
+    auto bits = [](const DeviceMem& m, size_t count) {
+      std::vector<uint16_t> h(count);
+      CUDA_CHECK(cudaMemcpy(h.data(), m.ptr, count * 2, cudaMemcpyDeviceToHost));
+      return h;
+    };
+    CHECK(bits(o1, n) == bits(o2, n));
+    CHECK(bits(l1, 2 * n_lse) == bits(l2, 2 * n_lse));
+    const std::vector<uint16_t> w = bits(dwide, n_wide);
+    std::vector<uint16_t> col[3];  // dv, dk, dq out of the wide rows
+    bool pad_untouched = true;
+    for (size_t r = 0; r < static_cast<size_t>(B) * T; ++r) {
+      for (int j = 0; j < 3; ++j)
+        col[j].insert(col[j].end(), w.begin() + r * ld + j * d, w.begin() + r * ld + (j + 1) * d);
+      for (int64_t c = 3 * d; c < ld; ++c) pad_untouched &= w[r * ld + c] == 0xFFFF;
+    }
+    CHECK(pad_untouched);
+    CHECK(col[0] == bits(dv, n));
+    CHECK(col[1] == bits(dk, n));
+    std::vector<double> dq_wide(n);
+    for (size_t i = 0; i < n; ++i) dq_wide[i] = from_bf16(col[2][i]);
+    CHECK(rel_error(download_bf16(dq, n), dq_wide) < 5e-3);
+  }
+}
+
 TEST_CASE("flash attention supports exactly the built head dims", "[gpu][flash_attention]") {
   for (int d : {16, 32, 64, 80, 128}) CHECK(flash_attention_supports(d));
   for (int d : {0, 8, 24, 48, 96, 112, 160, 256}) CHECK_FALSE(flash_attention_supports(d));
@@ -398,6 +465,17 @@ TEST_CASE("flash attention rejects bad arguments", "[gpu][flash_attention]") {
   CHECK_THROWS_AS(flash_attention_backward(Q, K, V, O, O, L, dq.as<bf>(), dk.as<bf>(), dv.as<bf>(),
                                            nullptr, B, T, H, D, nullptr),
                   trainer::UsageError);
+  // Row strides below a row of heads, or not a multiple of 8 elements.
+  CHECK_THROWS_AS(flash_attention_forward(Q, K, V, O, L, B, T, H, D, nullptr, FlashKernels::kAuto,
+                                          {H * D - 8, 0}),
+                  trainer::UsageError);
+  CHECK_THROWS_AS(flash_attention_forward(Q, K, V, O, L, B, T, H, D, nullptr, FlashKernels::kAuto,
+                                          {H * D + 4, 0}),
+                  trainer::UsageError);
+  CHECK_THROWS_AS(
+      flash_attention_backward(Q, K, V, O, O, L, dq.as<bf>(), dk.as<bf>(), dv.as<bf>(), work.ptr, B,
+                               T, H, D, nullptr, FlashKernels::kAuto, {0, -8}),
+      trainer::UsageError);
   // Nothing was launched by the rejected calls; the device is still healthy.
   CUDA_CHECK(cudaDeviceSynchronize());
 }

@@ -45,8 +45,9 @@ constexpr auto kMmaSync = trainer::cuda::FlashKernels::kMmaSync;
 void tma_forward(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, int B, int T,
                  int H, int D, cudaStream_t stream, bool ping_pong) {
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  fl::flash_tma_forward(fl::FwdParams{q, k, v, o, lse, T, H, scale, scale * fl::kLog2e}, B, D,
-                        stream, ping_pong);
+  fl::flash_tma_forward(
+      fl::FwdParams{q, k, v, o, lse, T, H, scale, scale * fl::kLog2e, static_cast<int64_t>(H) * D},
+      B, D, stream, ping_pong);
 }
 
 enum class Kernel { kFa2, kTma, kPingPong };

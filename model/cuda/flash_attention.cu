@@ -137,11 +137,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int h = bh % p.H;
   // Heaviest query blocks (most K/V tiles) are scheduled first.
   const int m0 = (gridDim.y - 1 - blockIdx.y) * BM;
-  const int64_t ld = static_cast<int64_t>(p.H) * D;
-  const int64_t head_off = static_cast<int64_t>(b) * T * ld + static_cast<int64_t>(h) * D;
-  const bf16* q = p.q + head_off;
-  const bf16* k = p.k + head_off;
-  const bf16* v = p.v + head_off;
+  const int64_t ld = p.ld_qkv;  // q, k, v rows; o's: H * D
+  const int64_t head_in = static_cast<int64_t>(b) * T * ld + static_cast<int64_t>(h) * D;
+  const bf16* q = p.q + head_in;
+  const bf16* k = p.k + head_in;
+  const bf16* v = p.v + head_in;
   const int n_tiles = (min(m0 + BM, T) + BN - 1) / BN;
   const int row_w = warp * MT * 16;  // this warp's first row within the block
 
@@ -335,7 +335,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     }
   }
   __syncwarp();
-  bf16* o = p.o + head_off;
+  const int64_t ld_o = static_cast<int64_t>(p.H) * D;
+  bf16* o = p.o + static_cast<int64_t>(b) * T * ld_o + static_cast<int64_t>(h) * D;
   constexpr int kChunksPerRow = D / 8;
 #pragma unroll
   for (int i = lane; i < MT * 16 * kChunksPerRow; i += 32) {
@@ -343,7 +344,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int c = i % kChunksPerRow;
     const int row = m0 + row_w + r;
     if (row < T)
-      *reinterpret_cast<uint4*>(o + row * ld + c * 8) =
+      *reinterpret_cast<uint4*>(o + row * ld_o + c * 8) =
           *reinterpret_cast<const uint4*>(sQ + (row_w + r) * S + c * 8);
   }
 }
@@ -470,11 +471,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_kernel(const BwdParam
   const int b = bh / p.H;
   const int h = bh % p.H;
   const int n0 = blockIdx.y * BN;  // block 0 has the most query blocks: scheduled first
-  const int64_t ld = static_cast<int64_t>(p.H) * D;
+  const int64_t ld = static_cast<int64_t>(p.H) * D;  // dout and dq_acc rows
+  const int64_t ld_in = p.ld_qkv;                    // q, k, v rows
   const int64_t head_off = static_cast<int64_t>(b) * T * ld + static_cast<int64_t>(h) * D;
-  const bf16* q = p.q + head_off;
-  const bf16* k = p.k + head_off;
-  const bf16* v = p.v + head_off;
+  const int64_t head_in = static_cast<int64_t>(b) * T * ld_in + static_cast<int64_t>(h) * D;
+  const bf16* q = p.q + head_in;
+  const bf16* k = p.k + head_in;
+  const bf16* v = p.v + head_in;
   const bf16* dout = p.dout + head_off;
   const float* lse = p.lse + static_cast<int64_t>(bh) * T;
   const float* dsum = p.dsum + static_cast<int64_t>(bh) * T;
@@ -485,13 +488,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_kernel(const BwdParam
 
   auto load_query_block = [&](int m, int stage) {
     const int m0 = m * BM;
-    load_tile_async<BM, D, S, kThreads>(sQ + stage * BM * S, q + m0 * ld, ld, T - m0, tid);
+    load_tile_async<BM, D, S, kThreads>(sQ + stage * BM * S, q + m0 * ld_in, ld_in, T - m0, tid);
     load_tile_async<BM, D, S, kThreads>(sdO + stage * BM * S, dout + m0 * ld, ld, T - m0, tid);
     load_vec_async<BM, kThreads>(sL + stage * BM, lse + m0, T - m0, tid);
     load_vec_async<BM, kThreads>(sDs + stage * BM, dsum + m0, T - m0, tid);
   };
-  load_tile_async<BN, D, S, kThreads>(sK, k + n0 * ld, ld, T - n0, tid);
-  load_tile_async<BN, D, S, kThreads>(sV, v + n0 * ld, ld, T - n0, tid);
+  load_tile_async<BN, D, S, kThreads>(sK, k + n0 * ld_in, ld_in, T - n0, tid);
+  load_tile_async<BN, D, S, kThreads>(sV, v + n0 * ld_in, ld_in, T - n0, tid);
   load_query_block(m_begin, 0);
   cp_async_commit();
 
@@ -677,8 +680,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_kernel(const BwdParam
     }
   }
   __syncwarp();
-  bf16* dk = p.dk + head_off;
-  bf16* dv = p.dv + head_off;
+  const int64_t ld_out = p.ld_dkv;
+  const int64_t head_out = static_cast<int64_t>(b) * T * ld_out + static_cast<int64_t>(h) * D;
+  bf16* dk = p.dk + head_out;
+  bf16* dv = p.dv + head_out;
   constexpr int kChunksPerRow = D / 8;
 #pragma unroll
   for (int i = lane; i < 16 * kChunksPerRow; i += 32) {
@@ -686,9 +691,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_kernel(const BwdParam
     const int c = i % kChunksPerRow;
     const int row = n0 + key_w + r;
     if (row < T) {
-      *reinterpret_cast<uint4*>(dk + row * ld + c * 8) =
+      *reinterpret_cast<uint4*>(dk + row * ld_out + c * 8) =
           *reinterpret_cast<const uint4*>(sK + (key_w + r) * S + c * 8);
-      *reinterpret_cast<uint4*>(dv + row * ld + c * 8) =
+      *reinterpret_cast<uint4*>(dv + row * ld_out + c * 8) =
           *reinterpret_cast<const uint4*>(sV + (key_w + r) * S + c * 8);
     }
   }
@@ -697,10 +702,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_kernel(const BwdParam
 // ---------------------------------------------------------------------------------------------
 // Backward, step 3: dQ = scale * dQ_acc converted to bf16 (8 elements per thread).
 // ---------------------------------------------------------------------------------------------
+// acc: rows of row_elems = H * dh floats; dq: the same rows with stride ld_dq.
 __global__ void flash_bwd_convert_dq_kernel(const float* __restrict__ acc, bf16* __restrict__ dq,
-                                            int64_t n8, float scale) {
+                                            int64_t n8, int64_t row_elems, int64_t ld_dq,
+                                            float scale) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n8) return;
+  const int64_t row = 8 * i / row_elems;
   const float4 a = reinterpret_cast<const float4*>(acc)[2 * i];
   const float4 c = reinterpret_cast<const float4*>(acc)[2 * i + 1];
   uint4 out;
@@ -708,7 +716,7 @@ __global__ void flash_bwd_convert_dq_kernel(const float* __restrict__ acc, bf16*
   out.y = pack_bf16(a.z * scale, a.w * scale);
   out.z = pack_bf16(c.x * scale, c.y * scale);
   out.w = pack_bf16(c.z * scale, c.w * scale);
-  reinterpret_cast<uint4*>(dq)[i] = out;
+  *reinterpret_cast<uint4*>(dq + row * ld_dq + (8 * i - row * row_elems)) = out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -723,8 +731,8 @@ void launch_forward(const FwdParams& p, int B, cudaStream_t stream) {
 }
 
 template <int D>
-void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, int B, bool wgmma,
-                     cudaStream_t stream) {
+void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, int64_t ld_dq, int B,
+                     bool wgmma, cudaStream_t stream) {
   using Cfg = BwdTraits<D>;
   const int64_t rows = static_cast<int64_t>(B) * p.T * p.H;
   const int64_t elems = rows * D;
@@ -746,7 +754,8 @@ void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, i
     constexpr int kThreads = 256;
     const int64_t n8 = elems / 8;
     const auto blocks = static_cast<unsigned>((n8 + kThreads - 1) / kThreads);
-    flash_bwd_convert_dq_kernel<<<blocks, kThreads, 0, stream>>>(p.dq_acc, dq, n8, p.scale);
+    flash_bwd_convert_dq_kernel<<<blocks, kThreads, 0, stream>>>(
+        p.dq_acc, dq, n8, static_cast<int64_t>(p.H) * D, ld_dq, p.scale);
     CUDA_CHECK_LAUNCH("flash_bwd_convert_dq_kernel");
   }
 }
@@ -797,16 +806,17 @@ bool flash_attention_uses_wgmma(int head_dim) {
 
 void flash_attention_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                              __nv_bfloat16* o, float* lse, int B, int T, int H, int head_dim,
-                             cudaStream_t stream, FlashKernels kernels) {
+                             cudaStream_t stream, FlashKernels kernels, FlashStrides strides) {
   constexpr const char* kWhat = "flash_attention_forward";
   flash::check_common(B, T, H, head_dim, kWhat);
+  const int64_t ld_qkv = flash::row_stride(strides.qkv, H, head_dim, "strides.qkv", kWhat);
   flash::check_tensor(q, "q", kWhat, 16);
   flash::check_tensor(k, "k", kWhat, 16);
   flash::check_tensor(v, "v", kWhat, 16);
   flash::check_tensor(o, "o", kWhat, 16);
   flash::check_tensor(lse, "lse", kWhat, 4);
   const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
-  const flash::FwdParams p{q, k, v, o, lse, T, H, scale, scale * flash::kLog2e};
+  const flash::FwdParams p{q, k, v, o, lse, T, H, scale, scale * flash::kLog2e, ld_qkv};
   if (kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(head_dim)) {
     flash::flash_tma_forward(p, B, head_dim, stream, /*ping_pong=*/head_dim != 128);
     return;
@@ -844,9 +854,12 @@ void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* v, const __nv_bfloat16* o,
                               const __nv_bfloat16* dout, const float* lse, __nv_bfloat16* dq,
                               __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, int B, int T,
-                              int H, int head_dim, cudaStream_t stream, FlashKernels kernels) {
+                              int H, int head_dim, cudaStream_t stream, FlashKernels kernels,
+                              FlashStrides strides) {
   constexpr const char* kWhat = "flash_attention_backward";
   flash::check_common(B, T, H, head_dim, kWhat);
+  const int64_t ld_qkv = flash::row_stride(strides.qkv, H, head_dim, "strides.qkv", kWhat);
+  const int64_t ld_dqkv = flash::row_stride(strides.dqkv, H, head_dim, "strides.dqkv", kWhat);
   flash::check_tensor(q, "q", kWhat, 16);
   flash::check_tensor(k, "k", kWhat, 16);
   flash::check_tensor(v, "v", kWhat, 16);
@@ -863,23 +876,24 @@ void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
                                          flash::round_up(rows * head_dim * sizeof(float), 256));
   const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
   const flash::BwdParams p{
-      q, k, v, dout, lse, dsum, dq_acc, dk, dv, T, H, scale, scale * flash::kLog2e};
+      q,      k,      v, dout, lse, dsum, dq_acc, dk, dv, T, H, scale, scale * flash::kLog2e,
+      ld_qkv, ld_dqkv};
   const bool wgmma = kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(head_dim);
   switch (head_dim) {
     case 16:
-      flash::launch_backward<16>(p, o, dsum, dq, B, wgmma, stream);
+      flash::launch_backward<16>(p, o, dsum, dq, ld_dqkv, B, wgmma, stream);
       break;
     case 32:
-      flash::launch_backward<32>(p, o, dsum, dq, B, wgmma, stream);
+      flash::launch_backward<32>(p, o, dsum, dq, ld_dqkv, B, wgmma, stream);
       break;
     case 64:
-      flash::launch_backward<64>(p, o, dsum, dq, B, wgmma, stream);
+      flash::launch_backward<64>(p, o, dsum, dq, ld_dqkv, B, wgmma, stream);
       break;
     case 80:
-      flash::launch_backward<80>(p, o, dsum, dq, B, wgmma, stream);
+      flash::launch_backward<80>(p, o, dsum, dq, ld_dqkv, B, wgmma, stream);
       break;
     case 128:
-      flash::launch_backward<128>(p, o, dsum, dq, B, wgmma, stream);
+      flash::launch_backward<128>(p, o, dsum, dq, ld_dqkv, B, wgmma, stream);
       break;
     default:
       flash::fail("{}: head dim {} is not supported", kWhat, head_dim);

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace trainer::cuda {
 
@@ -38,10 +39,20 @@ inline constexpr int kFlashScheduleSlots = 16;
 // has compute capability exactly 9.0, and the head dim is 64, 80 or 128.
 bool flash_attention_uses_wgmma(int head_dim);
 
+// Row strides, in elements, of q, k, v (forward and backward) and of dq, dk, dv (backward), for
+// tensors that are columns of a wider (B, T, ld) buffer, such as the output of one fused QKV
+// projection: 0 means H * head_dim (rows of whole heads, nothing between them). A stride is at
+// least H * head_dim and a multiple of 8 (16-byte rows). o, dO and lse are always contiguous.
+struct FlashStrides {
+  int64_t qkv = 0;
+  int64_t dqkv = 0;
+};
+
 // o and lse are overwritten; lse feeds the backward. Work is queued on `stream` (no sync).
 void flash_attention_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                              __nv_bfloat16* o, float* lse, int B, int T, int H, int head_dim,
-                             cudaStream_t stream, FlashKernels kernels = FlashKernels::kAuto);
+                             cudaStream_t stream, FlashKernels kernels = FlashKernels::kAuto,
+                             FlashStrides strides = {});
 
 // Scratch the backward needs: an fp32 dq accumulator (B*T*H*dh floats) and D = rowsum(dO * O)
 // (B*H*T floats), each rounded up to 256 bytes.
@@ -56,6 +67,7 @@ void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* dout, const float* lse, __nv_bfloat16* dq,
                               __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, int B, int T,
                               int H, int head_dim, cudaStream_t stream,
-                              FlashKernels kernels = FlashKernels::kAuto);
+                              FlashKernels kernels = FlashKernels::kAuto,
+                              FlashStrides strides = {});
 
 }  // namespace trainer::cuda

@@ -22,8 +22,9 @@ namespace trainer::cuda::flash {
 inline constexpr float kLog2e = 1.4426950408889634f;
 
 // Kernel arguments of one forward / one backward main kernel (FA2 and wgmma take the same ones).
-// q, k, v, o, dout, dk, dv: bf16 (B, T, H*dh); lse, dsum: fp32 (B, H, T); dq_acc: fp32 (B, T, H,
-// dh). B is the grid's x extent divided by H, head_dim the kernel's template argument.
+// q, k, v, o, dout, dk, dv: bf16 (B, T, H*dh) rows, q, k, v and dk, dv with the row strides below
+// (>= H*dh: they may be columns of a wider buffer); lse, dsum: fp32 (B, H, T); dq_acc: fp32 (B, T,
+// H, dh). B is the grid's x extent divided by H, head_dim the kernel's template argument.
 struct FwdParams {
   const __nv_bfloat16* q;
   const __nv_bfloat16* k;
@@ -34,6 +35,7 @@ struct FwdParams {
   int H;
   float scale;       // 1/sqrt(dh)
   float scale_log2;  // scale * log2(e)
+  int64_t ld_qkv;    // row stride of q, k, v (elements); o's is H * dh
 };
 
 struct BwdParams {
@@ -50,6 +52,8 @@ struct BwdParams {
   int H;
   float scale;       // 1/sqrt(dh)
   float scale_log2;  // scale * log2(e)
+  int64_t ld_qkv;    // row stride of q, k, v (elements); dout's and dq_acc's are H * dh
+  int64_t ld_dkv;    // row stride of dk, dv
 };
 
 // Throws UsageError. Messages are formatted with fmt::runtime so that this compiles whatever
@@ -64,6 +68,17 @@ inline void check_tensor(const void* ptr, const char* name, const char* what, si
   if (ptr == nullptr) fail("{}: tensor {} is a null pointer", what, name);
   if (reinterpret_cast<uintptr_t>(ptr) % align != 0)
     fail("{}: tensor {} at {} is not {}-byte aligned", what, name, ptr, align);
+}
+
+// The row stride `stride` (argument `name` of `what`) resolved: 0 means H * head_dim; otherwise at
+// least that and a multiple of 8 elements (16-byte rows, as TMA and the vector loads need).
+inline int64_t row_stride(int64_t stride, int H, int head_dim, const char* name, const char* what) {
+  const int64_t row = static_cast<int64_t>(H) * head_dim;
+  if (stride == 0) return row;
+  if (stride < row || stride % 8 != 0)
+    fail("{}: {} = {} must be 0 or a multiple of 8 that is at least H * head_dim = {}", what, name,
+         stride, row);
+  return stride;
 }
 
 constexpr size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }

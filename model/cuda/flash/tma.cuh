@@ -122,12 +122,13 @@ __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host: the tensor map of a (B, T, H*dh) activation seen as 4-D (dh, H, T, B), innermost first,
-// with boxes of (box_cols, 1, box_rows, 1) and the 128-byte swizzle, so box_cols * elem_bytes must
-// be 128: one SW128 panel of box_rows rows of one head.
+// Host: the tensor map of a (B, T, H*dh) activation with rows `ld` elements apart (>= H*dh: the
+// heads may be columns of a wider buffer) seen as 4-D (dh, H, T, B), innermost first, with boxes of
+// (box_cols, 1, box_rows, 1) and the 128-byte swizzle, so box_cols * elem_bytes must be 128: one
+// SW128 panel of box_rows rows of one head.
 // ---------------------------------------------------------------------------------------------
 inline CUtensorMap head_map(const void* base, CUtensorMapDataType type, int elem_bytes, int B,
-                            int T, int H, int head_dim, int box_cols, int box_rows) {
+                            int T, int H, int head_dim, int64_t ld, int box_cols, int box_rows) {
   using Encode =
       CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -147,7 +148,7 @@ inline CUtensorMap head_map(const void* base, CUtensorMapDataType type, int elem
   const auto eb = static_cast<cuuint64_t>(elem_bytes);
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(H),
                               static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(B)};
-  const cuuint64_t row_bytes = static_cast<cuuint64_t>(H) * head_dim * eb;
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(ld) * eb;
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(head_dim) * eb, row_bytes,
                                  row_bytes * static_cast<cuuint64_t>(T)};
   const cuuint32_t box[4] = {static_cast<cuuint32_t>(box_cols), 1,
@@ -167,14 +168,15 @@ inline CUtensorMap head_map(const void* base, CUtensorMapDataType type, int elem
 
 // bf16 activations (q, k, v, dO): 64-column panels.
 inline CUtensorMap head_tile_map(const __nv_bfloat16* base, int B, int T, int H, int head_dim,
-                                 int box_rows) {
-  return head_map(base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B, T, H, head_dim, 64, box_rows);
+                                 int64_t ld, int box_rows) {
+  return head_map(base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B, T, H, head_dim, ld, 64, box_rows);
 }
 
 // The backward's fp32 dQ accumulator: 32-column panels.
 inline CUtensorMap head_tile_map_f32(const float* base, int B, int T, int H, int head_dim,
                                      int box_rows) {
-  return head_map(base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, B, T, H, head_dim, 32, box_rows);
+  return head_map(base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, B, T, H, head_dim,
+                  static_cast<int64_t>(H) * head_dim, 32, box_rows);
 }
 
 }  // namespace trainer::cuda::flash::tma

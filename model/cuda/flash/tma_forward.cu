@@ -406,9 +406,9 @@ template <int D, bool kPingPong>
 void launch(const FwdParams& f, int B, cudaStream_t stream) {
   using Cfg = Config<D>;
   Params p;
-  p.q = tma::head_tile_map(f.q, B, f.T, f.H, D, Cfg::kBlockM);
-  p.k = tma::head_tile_map(f.k, B, f.T, f.H, D, Cfg::kBlockN);
-  p.v = tma::head_tile_map(f.v, B, f.T, f.H, D, Cfg::kBlockN);
+  p.q = tma::head_tile_map(f.q, B, f.T, f.H, D, f.ld_qkv, Cfg::kBlockM);
+  p.k = tma::head_tile_map(f.k, B, f.T, f.H, D, f.ld_qkv, Cfg::kBlockN);
+  p.v = tma::head_tile_map(f.v, B, f.T, f.H, D, f.ld_qkv, Cfg::kBlockN);
   p.f = f;
   // The working set of a head: its K and V.
   p.order = head_order(B, f.H, f.T, Cfg::kBlockM, 2 * D * 2, "flash attention forward");

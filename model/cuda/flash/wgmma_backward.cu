@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   const int lane = tid & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int64_t ld = static_cast<int64_t>(p.H) * D;
+  const int64_t ld = p.ld_dkv;  // dk, dv rows
   unsigned char* const dq_buf = s_base_ptr + Cfg::kOffDQ + wgi * Cfg::kDqBytes;
   const uint32_t sdQ = s_base + Cfg::kOffDQ + wgi * Cfg::kDqBytes;
   const int key_l = wgi * 64 + warp * 16 + g;  // this thread's key rows in the block: key_l, +8
@@ -599,10 +599,11 @@ template <int D>
 void launch(const BwdParams& f, int B, cudaStream_t stream) {
   using Cfg = Config<D>;
   Params p;
-  p.q = tma::head_tile_map(f.q, B, f.T, f.H, D, Cfg::kBlockM);
-  p.dout = tma::head_tile_map(f.dout, B, f.T, f.H, D, Cfg::kBlockM);
-  p.k = tma::head_tile_map(f.k, B, f.T, f.H, D, Cfg::kBlockN);
-  p.v = tma::head_tile_map(f.v, B, f.T, f.H, D, Cfg::kBlockN);
+  const int64_t ld_dout = static_cast<int64_t>(f.H) * D;
+  p.q = tma::head_tile_map(f.q, B, f.T, f.H, D, f.ld_qkv, Cfg::kBlockM);
+  p.dout = tma::head_tile_map(f.dout, B, f.T, f.H, D, ld_dout, Cfg::kBlockM);
+  p.k = tma::head_tile_map(f.k, B, f.T, f.H, D, f.ld_qkv, Cfg::kBlockN);
+  p.v = tma::head_tile_map(f.v, B, f.T, f.H, D, f.ld_qkv, Cfg::kBlockN);
   p.dq = tma::head_tile_map_f32(f.dq_acc, B, f.T, f.H, D, 64);
   p.f = f;
   // The working set of a head: its fp32 dQ accumulator (read-modify-written by every key block),
