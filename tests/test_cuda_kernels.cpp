@@ -506,6 +506,30 @@ TEMPLATE_TEST_CASE("rope forward and backward match the CPU", "[cuda]", float, b
     // The inverse rotation undoes the forward (up to rounding in bf16 or fp16).
     CHECK(rel_err(download(back), vkq) < (std::is_same_v<T, float> ? 1e-6 : tol<T>()));
 
+    // The flash path's use: q and k rotated in place inside the (n, 3d) matrix, v untouched; the
+    // inverse in place undoes it.
+    Dev<T> inplace = upload<T>(vkq);
+    cuda::RopeJobs<T> qk;
+    qk.add(inplace.p() + 2 * d, inplace.p() + 2 * d, true);
+    qk.add(inplace.p() + d, inplace.p() + d, true);
+    cuda::rope(qk, cuda::QkvLayout::kTokenMajor, 3 * d, cuda::QkvLayout::kTokenMajor, 3 * d, B, seq,
+               H, dh, table_d.p(), false, nullptr);
+    std::vector<float> rvkq(vkq);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < d; ++c) {
+        rvkq[i * 3 * d + d + c] = rk[i * d + c];
+        rvkq[i * 3 * d + 2 * d + c] = rq[i * d + c];
+      }
+    const std::vector<float> rotated = download(inplace);
+    CHECK(rel_err(rotated, rvkq) < tol<T>());
+    bool v_kept = true;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < d; ++c) v_kept &= rotated[i * 3 * d + c] == vkq[i * 3 * d + c];
+    CHECK(v_kept);
+    cuda::rope(qk, cuda::QkvLayout::kTokenMajor, 3 * d, cuda::QkvLayout::kTokenMajor, 3 * d, B, seq,
+               H, dh, table_d.p(), true, nullptr);
+    CHECK(rel_err(download(inplace), vkq) < (std::is_same_v<T, float> ? 1e-6 : tol<T>()));
+
     // Plain layout changes round-trip exactly.
     Dev<T> hm = poisoned<T>(n * d), tm = poisoned<T>(n * d);
     cuda::heads_to_head_major(x_d.p(), hm.p(), B, seq, H, dh, nullptr);

@@ -16,7 +16,9 @@
 // Forward of block l (n = B*T rows, d model width, f = d_ff):
 //   ln1  = rmsnorm(x_l)                       [rstd1 kept]
 //   vkq  = ln1 [Wv; Wk; Wq]^T                 one matmul when the three weights are adjacent
-//   q, k = rope(...), v = copy                one kernel; head-major for the simple attention
+//   q, k = rope(...)                          one kernel; flash: in place in the block's vkq,
+//                                             attention reads row stride 3d; simple: q, k and
+//                                             a copy of v head-major
 //   att  = attention(q, k, v)                 simple (cuBLASLt + fp32 softmax) or flash
 //   h    = att Wo^T + x_l                     residual add fused into the matmul (beta = 1)
 //   ln2  = rmsnorm(h)
@@ -172,11 +174,13 @@ class CudaReplica final : public Replica {
   struct BlockActs {
     T* ln1;
     float* rstd1;
-    T *q, *k, *v;  // after RoPE; head-major (simple) or token-major (flash)
-    T* probs;      // simple: (B, H, T, T) softmax; backward overwrites it with dS
-    float* lse;    // flash: (B, H, T)
-    T* att;        // (n, d) attention output before output_proj
-    T* h;          // (n, d) x + attention
+    // After RoPE. simple: three head-major tensors; flash: the columns of one (n, 3d) buffer
+    // [v | k | q] with row stride 3d, the fused projection's output rotated in place.
+    T *q, *k, *v;
+    T* probs;    // simple: (B, H, T, T) softmax; backward overwrites it with dS
+    float* lse;  // flash: (B, H, T)
+    T* att;      // (n, d) attention output before output_proj
+    T* h;        // (n, d) x + attention
     T* ln2;
     float* rstd2;
     T* ba;  // (n, 2f) columns [b | a]; backward overwrites it with [db | da]
@@ -258,9 +262,9 @@ class CudaReplica final : public Replica {
   std::vector<BlockActs> acts_;
   T *lnf_, *logits_;  // (n, d), (n, Vp): dlogits after a training forward
   float *rstdf_, *losses_;
-  T* vkq_;                // (n, 3d) fused projection output, then its gradient
+  T* vkq_;                // (n, 3d) fused projection output (simple), its gradient (both)
   T* attn_hm_;            // (n, d) simple attention: head-major product / output gradient
-  T *dq_, *dk_, *dv_;     // (n, d) each, attention input gradients before RoPE backward
+  T *dq_, *dk_, *dv_;     // simple: (n, d) each, attention input gradients before RoPE backward
   float* scores_;         // simple: (B, H, T, T) fp32 scores, then dP
   void* flash_ws_;        // flash backward workspace
   T *dres_, *dln_, *dg_;  // (n, d) residual-stream gradient, (n, d) norm-output gradient, (n, f)
@@ -484,9 +488,15 @@ void CudaReplica<T>::carve(Carver& cv) {
   auto take_attention = [&](BlockActs& a) {
     a.ln1 = cv.take<T>(n * d);
     a.rstd1 = cv.take<float>(n);
-    a.q = cv.take<T>(n * d);
-    a.k = cv.take<T>(n * d);
-    a.v = cv.take<T>(n * d);
+    if (flash_) {
+      a.v = cv.take<T>(n * 3 * d);
+      a.k = a.v + d;
+      a.q = a.v + 2 * d;
+    } else {
+      a.q = cv.take<T>(n * d);
+      a.k = cv.take<T>(n * d);
+      a.v = cv.take<T>(n * d);
+    }
     a.probs = flash_ ? nullptr : cv.take<T>(bht * config_.ctx);
     a.lse = flash_ ? cv.take<float>(bht) : nullptr;
     a.att = cv.take<T>(n * d);
@@ -519,9 +529,9 @@ void CudaReplica<T>::carve(Carver& cv) {
   losses_ = cv.take<float>(n);
   mark("final norm, logits and per-token loss");
   vkq_ = cv.take<T>(n * 3 * d);
-  dq_ = cv.take<T>(n * d);
-  dk_ = cv.take<T>(n * d);
-  dv_ = cv.take<T>(n * d);
+  dq_ = flash_ ? nullptr : cv.take<T>(n * d);
+  dk_ = flash_ ? nullptr : cv.take<T>(n * d);
+  dv_ = flash_ ? nullptr : cv.take<T>(n * d);
   mark("backward scratch (gradients of activations, token ids, tables)");
   if (flash_) {
     attn_hm_ = nullptr;
@@ -714,7 +724,7 @@ void CudaReplica<T>::attention_layer_forward(BlockActs& a, int64_t B, int64_t se
     if (flash_) {
       flash_attention_forward(a.q, a.k, a.v, a.att, a.lse, static_cast<int>(B),
                               static_cast<int>(seq), static_cast<int>(H_), static_cast<int>(dh_),
-                              stream_.s);
+                              stream_.s, FlashKernels::kAuto, {3 * d_, 0});
       return;
     }
   }
@@ -726,9 +736,11 @@ template <typename T>
 void CudaReplica<T>::attention_layer_backward(BlockActs& a, const T* datt, int64_t B, int64_t seq) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if (flash_) {
-      flash_attention_backward(a.q, a.k, a.v, a.att, datt, a.lse, dq_, dk_, dv_, flash_ws_,
-                               static_cast<int>(B), static_cast<int>(seq), static_cast<int>(H_),
-                               static_cast<int>(dh_), stream_.s);
+      // dq, dk, dv straight into the fused projection's gradient [dv | dk | dq].
+      flash_attention_backward(a.q, a.k, a.v, a.att, datt, a.lse, vkq_ + 2 * d_, vkq_ + d_, vkq_,
+                               flash_ws_, static_cast<int>(B), static_cast<int>(seq),
+                               static_cast<int>(H_), static_cast<int>(dh_), stream_.s,
+                               FlashKernels::kAuto, {3 * d_, 3 * d_});
       return;
     }
   }
@@ -746,12 +758,23 @@ void CudaReplica<T>::attention_half_forward(int64_t l, int64_t B, int64_t seq) {
   const BlockParams& p = blocks_[l];
   BlockActs& a = acts_[l];
   rmsnorm_forward(resid_[l], P(p.ln1), a.ln1, a.rstd1, n, d, kRmsEps, s);
-  group_forward(p.vkq, a.ln1, vkq_, n);
   RopeJobs<T> jobs;
-  jobs.add(vkq_ + 2 * d, a.q, true);
-  jobs.add(vkq_ + d, a.k, true);
-  jobs.add(vkq_, a.v, false);
-  rope(jobs, QkvLayout::kTokenMajor, 3 * d, qkv_layout, d, B, seq, H_, dh_, rope_table_, false, s);
+  if (flash_) {
+    // The projection straight into the block's [v | k | q], q and k rotated in place: attention
+    // reads them with row stride 3d, and v needs no copy.
+    group_forward(p.vkq, a.ln1, a.v, n);
+    jobs.add(a.q, a.q, true);
+    jobs.add(a.k, a.k, true);
+    rope(jobs, QkvLayout::kTokenMajor, 3 * d, QkvLayout::kTokenMajor, 3 * d, B, seq, H_, dh_,
+         rope_table_, false, s);
+  } else {
+    group_forward(p.vkq, a.ln1, vkq_, n);
+    jobs.add(vkq_ + 2 * d, a.q, true);
+    jobs.add(vkq_ + d, a.k, true);
+    jobs.add(vkq_, a.v, false);
+    rope(jobs, QkvLayout::kTokenMajor, 3 * d, qkv_layout, d, B, seq, H_, dh_, rope_table_, false,
+         s);
+  }
   attention_layer_forward(a, B, seq);
   linear_forward(a.att, P(p.o), a.h, d, n, d, d, resid_[l]);
 }
@@ -909,10 +932,19 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     linear_backward_data(dres_, d, P(p.o), datt, n, d, d, 1.0f, false);
     attention_layer_backward(a, datt, B, seq);
     RopeJobs<T> jobs;
-    jobs.add(dq_, vkq_ + 2 * d, true);
-    jobs.add(dk_, vkq_ + d, true);
-    jobs.add(dv_, vkq_, false);
-    rope(jobs, qkv_layout, d, QkvLayout::kTokenMajor, 3 * d, B, seq, H_, dh_, rope_table_, true, s);
+    if (flash_) {
+      // dq, dk are already in [dv | dk | dq]: RoPE's backward in place.
+      jobs.add(vkq_ + 2 * d, vkq_ + 2 * d, true);
+      jobs.add(vkq_ + d, vkq_ + d, true);
+      rope(jobs, QkvLayout::kTokenMajor, 3 * d, QkvLayout::kTokenMajor, 3 * d, B, seq, H_, dh_,
+           rope_table_, true, s);
+    } else {
+      jobs.add(dq_, vkq_ + 2 * d, true);
+      jobs.add(dk_, vkq_ + d, true);
+      jobs.add(dv_, vkq_, false);
+      rope(jobs, qkv_layout, d, QkvLayout::kTokenMajor, 3 * d, B, seq, H_, dh_, rope_table_, true,
+           s);
+    }
     group_backward(p.vkq, a.ln1, vkq_, dln_, n, ready);
     norm_backward(resid_[l], P(p.ln1), a.rstd1, dln_, dres_, true, p.ln1, n, rms);
     done(p.i_ln1);  // dres_ is now dL/dx of this block's input

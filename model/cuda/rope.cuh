@@ -45,7 +45,8 @@ struct RopeJobs {
 // Applies RoPE (inverse = false) or its backward (inverse = true) to every job: `in` laid out as
 // in_layout (row stride ld_in when token-major), `out` as out_layout (row stride ld_out). B rows
 // of T positions, H heads of head_dim channels; `table` is rope_table() on the device, holding at
-// least T positions. in and out must not overlap.
+// least T positions. A job's in and out do not overlap, or are the same tensor in the same layout
+// (in place: each thread writes only the channels it read).
 void rope(const RopeJobs<float>& jobs, QkvLayout in_layout, int64_t ld_in, QkvLayout out_layout,
           int64_t ld_out, int64_t B, int64_t T, int64_t H, int64_t head_dim, const float* table,
           bool inverse, cudaStream_t stream);
