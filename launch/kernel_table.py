@@ -3,8 +3,9 @@
 
     launch/kernel_table.py PROFILE.csv
 
-The step is the run of kernels after the first AdamW launch up to and including the second one
-(launch/kernel_profile.sh runs two steps). Prints count, total and share per kernel, largest first,
+The step is the run of kernels after the first step's AdamW launches up to and including the
+second step's (launch/kernel_profile.sh runs two steps; the update may come as several launches in
+a row, one per chunk of parameters). Prints count, total and share per kernel, largest first,
 then the sums by phase.
 """
 import csv
@@ -33,9 +34,11 @@ def short(name):
 def main():
     kernels = list(rows(sys.argv[1]))
     adam = [i for i, (n, _) in enumerate(kernels) if "adamw" in n]
-    if len(adam) < 2:
-        sys.exit(f"{sys.argv[1]}: fewer than two AdamW launches ({len(adam)}); raise LAUNCH_COUNT")
-    step = kernels[adam[0] + 1 : adam[1] + 1]
+    # Each step's update: one run of consecutive AdamW launches; keep where each run ends.
+    ends = [i for j, i in enumerate(adam) if j + 1 == len(adam) or adam[j + 1] != i + 1]
+    if len(ends) < 2:
+        sys.exit(f"{sys.argv[1]}: fewer than two AdamW updates ({len(ends)}); raise LAUNCH_COUNT")
+    step = kernels[ends[0] + 1 : ends[1] + 1]
     groups = {}
     for n, d in step:
         c, t = groups.get(short(n), (0, 0.0))
@@ -46,17 +49,18 @@ def main():
     for n, (c, t) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
         print(f"{t / 1e6:8.3f} {t / 1e6 / total:6.1%} {c:6d}  {n}")
     # By phase, to hold against the phase times --benchmark prints: forward ends with the
-    # cross-entropy kernel, the optimizer is the AdamW launch; the gradient norm's sums run on a
+    # cross-entropy kernel, the optimizer is the AdamW launches; the gradient norm's sums run on a
     # side stream beside backward on one GPU, so they are listed apart.
     ce = [i for i, (n, _) in enumerate(step) if "cross_entropy" in n]
     if ce:
         fwd, rest = step[: ce[-1] + 1], step[ce[-1] + 1 :]
         side = [d for n, d in rest if "sum_squares" in n]
-        bwd = [d for n, d in rest[:-1] if "sum_squares" not in n]
+        opt = [d for n, d in rest if "adamw" in n]
+        bwd = [d for n, d in rest if "sum_squares" not in n and "adamw" not in n]
         ms = lambda ds: sum(ds) / 1e6
         print(f"by phase: forward {len(fwd)} kernels {ms(d for _, d in fwd):.3f} ms | backward "
               f"{len(bwd)} kernels {ms(bwd):.3f} ms (+ {len(side)} norm sums {ms(side):.3f} ms "
-              f"beside it) | optimizer {ms([rest[-1][1]]):.3f} ms")
+              f"beside it) | optimizer {len(opt)} launches {ms(opt):.3f} ms")
 
 
 if __name__ == "__main__":
