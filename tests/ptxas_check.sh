@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
 # The Hopper attention kernels keep their warpgroup MMAs asynchronous: compiles every .cu file of
-# model/cuda/flash for sm_90a with ptxas's report (-v) and fails on any "Potential Performance
-# Loss" (C75xx: ptxas serialised the wgmma.mma_async instructions of a kernel, e.g. because
-# accumulator registers of an MMA in flight are touched, which cost a pipelined backward 7-13%; see
-# docs/results/log.md) and on any failed compilation. Needs no GPU.
-#   tests/ptxas_check.sh NVCC SOURCE_DIR
+# model/cuda/flash with the build's own command (from BUILD_DIR/compile_commands.json, so the
+# flags are the ones the build uses) plus ptxas's report (-v), and fails on any "Potential
+# Performance Loss" (C75xx: ptxas serialised the wgmma.mma_async instructions of a kernel, e.g.
+# because accumulator registers of an MMA in flight are touched, which cost a pipelined backward
+# 7-13%; see docs/results/log.md), on any failed compilation, and when the build lists no such
+# file. Needs no GPU.
+#   tests/ptxas_check.sh BUILD_DIR
 set -uo pipefail
-nvcc=${1:?usage: ptxas_check.sh NVCC SOURCE_DIR}
-src=${2:?usage: ptxas_check.sh NVCC SOURCE_DIR}
+build=${1:?usage: ptxas_check.sh BUILD_DIR}
+db="$build/compile_commands.json"
+[[ -f $db ]] || { echo "FAIL: no $db (configure with CMAKE_EXPORT_COMPILE_COMMANDS)"; exit 1; }
+# One line per file: directory, file, and the command with its output sent to /dev/null.
+mapfile -t jobs < <(python3 - "$db" <<'PY'
+import json, shlex, sys
+for c in json.load(open(sys.argv[1])):
+    if "/model/cuda/flash/" not in c["file"] or not c["file"].endswith(".cu"):
+        continue
+    args = c["arguments"] if "arguments" in c else shlex.split(c["command"])
+    args = [("/dev/null" if i > 0 and args[i - 1] == "-o" else a) for i, a in enumerate(args)]
+    print("\t".join([c["directory"], c["file"], shlex.join(args + ["-Xptxas", "-v"])]))
+PY
+)
+[[ ${#jobs[@]} -gt 0 ]] || { echo "FAIL: $db lists no model/cuda/flash/*.cu"; exit 1; }
 failures=0
-for f in "$src"/model/cuda/flash/*.cu; do
-  out=$("$nvcc" -O3 -DNDEBUG -std=c++20 --expt-relaxed-constexpr --diag-suppress=20208 \
-    --generate-code=arch=compute_90a,code=sm_90a -DTRAINER_SM90A=1 -DTRAINER_WITH_CUDA=1 \
-    -DFMT_HEADER_ONLY=1 -DFMT_USE_CONSTEXPR=1 -DSPDLOG_FMT_EXTERNAL -I"$src" -Xptxas -v \
-    -c "$f" -o /dev/null 2>&1)
+for job in "${jobs[@]}"; do
+  IFS=$'\t' read -r dir f cmd <<<"$job"
+  out=$(cd "$dir" && eval "$cmd" 2>&1)
   rc=$?
   if [[ $rc -ne 0 ]]; then
     echo "FAIL: $f did not compile (exit $rc)"
