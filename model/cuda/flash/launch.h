@@ -15,6 +15,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "model/cuda/common.cuh"
+#include "model/cuda/flash/tma.cuh"
 #include "model/cuda/flash_attention.h"
 
 namespace trainer::cuda::flash {
@@ -184,6 +185,24 @@ struct PersistentSchedule {
     }
   }
 };
+
+// A block's index passes from the producer to the consumers through `slot` in shared memory,
+// beside the barrier pair that carries the block's first loads: `full` (its phase completes when
+// they landed) and `empty` (the consumers' release of the block before). The producer writes it
+// before its arrival on `full`; the consumers read it as soon as that phase completed.
+// Producer, before its arrival on `full` for its `blocks_done`-th block (index -1: none left, then
+// a bare tma::arrive on `full`): waits until the block before is released, writes the index.
+__device__ __forceinline__ void hand_over_block(uint32_t empty, int blocks_done, volatile int* slot,
+                                                int item) {
+  if (blocks_done > 0) tma::wait(empty, static_cast<uint32_t>((blocks_done - 1) & 1));
+  *slot = item;
+}
+// Consumers: the index of their `blocks_done`-th block, -1 when there is none.
+__device__ __forceinline__ int wait_for_block(uint32_t full, int blocks_done,
+                                              const volatile int* slot) {
+  tma::wait(full, static_cast<uint32_t>(blocks_done & 1));
+  return *slot;
+}
 
 inline PersistentSchedule persistent_schedule(const HeadOrder& order) {
   static std::atomic<unsigned> next_slot{0};

@@ -5,7 +5,7 @@
 //
 // Roles (384 threads, one persistent CTA per SM working through blocks of 128 query rows in the
 // order of launch.h: head_order puts heads in L2-sized groups and the query blocks with the most
-// keys first; PersistentSchedule deals them out in rounds):
+// keys first; PersistentSchedule hands each CTA its next block from a device counter):
 //   * Warpgroup 2, one thread: the producer. Per block, issues one TMA load of Q (128 x dh) and
 //     then, for the key tiles from the diagonal down to tile 0, K and V tiles (128 x dh each) into
 //     2-stage rings, each stage guarded by a "full" barrier (the copy engine counts the bytes in)
@@ -179,16 +179,14 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
           tma::arrive_expect_tx(v_full(s), Cfg::kTileBytes);
           tma::load_head_tile<BN, D>(sV + s * Cfg::kTileBytes, &p.v, v_full(s), it.b, it.h, n0);
           if (j == 0) {
-            if (blocks_done > 0) tma::wait(q_empty, (blocks_done - 1) & 1);
-            *s_item = item;
+            hand_over_block(q_empty, blocks_done, s_item, item);
             tma::arrive_expect_tx(bar_q, Cfg::kQBytes);
             tma::load_head_tile<BM, D>(sQ, &p.q, bar_q, it.b, it.h, it.m0);
           }
         }
         item = p.sched.claim(counters);
       }
-      tma::wait(q_empty, (blocks_done - 1) & 1);  // blocks_done >= 1: block c is CTA c's
-      *s_item = -1;
+      hand_over_block(q_empty, blocks_done, s_item, -1);
       tma::arrive(bar_q);
       p.sched.finish(counters);
     }
@@ -290,8 +288,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 
   int kv = 0;  // K/V tiles passed through the rings so far (as the producer counts them)
   for (int blocks_done = 0;; ++blocks_done) {
-    tma::wait(bar_q, blocks_done & 1);
-    const int item = *s_item;
+    const int item = wait_for_block(bar_q, blocks_done, s_item);
     if (item < 0) break;
     const Item it = item_at(item);
     const int m0 = it.m0;

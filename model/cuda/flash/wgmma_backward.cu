@@ -6,13 +6,15 @@
 //   dV = P^T dO,  dP = dO V^T,  dS = P o (dP - D),  dQ = scale dS K,  dK = scale dS^T Q.
 //
 // Design (the forward's structure, tma_forward.cu, with the backward's products):
-//   * One CTA = 128 keys of one (batch, head) = 3 warpgroups (384 threads). Warpgroups 0 and 1
-//     are consumers: warpgroup w owns keys [64w, 64w + 64) of the block and keeps their dK and dV
-//     (64 x dh fp32 each) in registers for the whole kernel (240 registers per thread after
-//     setmaxnreg). Warpgroup 2 is the producer (24 registers): one thread issues the TMA loads,
-//     its warp copies lse and D. One CTA per SM; CTA order as in launch.h (head_order: heads in
-//     L2-sized groups, key block 0, the most query tiles, first).
-//   * K and V of the block are loaded once. The CTA sweeps the query tiles of BM queries from the
+//   * One persistent CTA per SM = 3 warpgroups (384 threads) works through key blocks of 128 keys
+//     of one (batch, head), in the order of launch.h (head_order: heads in L2-sized groups, key
+//     block 0, the most query tiles, first; PersistentSchedule: the next block from a device
+//     counter). Warpgroups 0 and 1 are consumers: warpgroup w owns keys [64w, 64w + 64) of the
+//     block and keeps their dK and dV (64 x dh fp32 each) in registers for the whole block (240
+//     registers per thread after setmaxnreg). Warpgroup 2 is the producer (24 registers): one
+//     thread issues the TMA loads, its warp copies lse and D.
+//   * K and V of a block are loaded once, the next block's while the consumers write this one's
+//     dK and dV. The CTA sweeps the query tiles of BM queries from the
 //     one holding its first key to the end of the sequence (tiles entirely before the keys see
 //     none of them and are skipped); Q, dO (TMA) and lse, D (the producer warp) of each tile go
 //     into a 2-stage ring guarded by mbarriers: "full" completes when the bytes landed and the
@@ -40,13 +42,14 @@
 //   * Tiles: dh 128 and 80 use BM = 64 (S^T and dP^T are 32 floats per thread each, dK + dV 128
 //     or 80); tiles of dh 80 are stored as two 64-column panels, the second zero beyond column 80;
 //     dh 64 uses BM = 128 (S^T, dP^T 64 each, dK + dV 64). Either way ~192 accumulator floats
-//     per thread at the peak; ptxas -v: nothing spilled at dh 80 and 128, 4 bytes at dh 64.
+//     per thread at the peak; ptxas -v: nothing spilled.
 //   * Shared memory (bf16 tiles SW128 in 64-column panels, 1024-byte aligned, see wgmma.cuh):
 //     K, V 128 x dh each; 2 stages of Q and dO (BM x dh); 2 dS^T buffers 128 x BM; 2 dQ shares
-//     64 x 64 fp32 (SW128 panels of 32 columns); 2 stages of lse, D; 5 mbarriers.
-//     dh 128: 193 KB + 1 KB alignment slack; dh 64: 194 KB + 1 KB.
-//   * Epilogue: dK (scaled) and dV are staged as bf16 in the K and V tiles (no longer read) and
-//     written out with 16-byte stores, rows >= T skipped.
+//     64 x 64 fp32 (SW128 panels of 32 columns); 2 stages of lse, D; 6 mbarriers; the block
+//     index. dh 128: 193 KB + 1 KB alignment slack; dh 64: 194 KB + 1 KB.
+//   * Epilogue per block: dK (scaled) and dV are staged as bf16 over the dS^T and dQ buffers (no
+//     longer read by the block; K and V are the next block's by then) and written out with
+//     16-byte stores, rows >= T skipped.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -252,8 +255,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
           }
           tma::arrive(q_full(stage));
           if (m == blk.m_begin && lane == 0) {
-            if (blocks_done > 0) tma::wait(kv_empty, (blocks_done - 1) & 1);
-            *s_item = item;
+            hand_over_block(kv_empty, blocks_done, s_item, item);
             tma::arrive_expect_tx(bar_kv, 2 * Cfg::kTileKV);
             tma::load_head_tile<BN, D>(sK, &params.k, bar_kv, blk.b, blk.h, blk.n0);
             tma::load_head_tile<BN, D>(sV, &params.v, bar_kv, blk.b, blk.h, blk.n0);
@@ -265,8 +267,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
         item = __shfl_sync(0xffffffffu, next, 0);
       }
       if (lane == 0) {
-        tma::wait(kv_empty, (blocks_done - 1) & 1);  // blocks_done >= 1: block c is CTA c's
-        *s_item = -1;
+        hand_over_block(kv_empty, blocks_done, s_item, -1);
         tma::arrive(bar_kv);
         params.sched.finish(counters);
       }
@@ -328,8 +329,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 
   int qt = 0;  // query tiles so far (as the producer counts them)
   for (int blocks_done = 0;; ++blocks_done) {
-    tma::wait(bar_kv, blocks_done & 1);
-    const int item = *s_item;
+    const int item = wait_for_block(bar_kv, blocks_done, s_item);
     if (item < 0) break;
     const Item blk = item_at(item);
     const int b = blk.b;
