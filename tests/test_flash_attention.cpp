@@ -16,6 +16,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "model/cuda/flash_attention.h"
+#include "model/cuda/rope.cuh"
 #include "tests/catch.h"
 
 namespace {
@@ -170,6 +171,15 @@ struct Bf16Tensor {
   }
 };
 
+// Random q, k, v and dO of n elements each (Bf16Tensor's values, drawn in that order), on the
+// device only.
+struct DeviceInputs {
+  DeviceMem q, k, v, dout;
+  DeviceInputs(size_t n, std::mt19937& gen) : q(n * 2), k(n * 2), v(n * 2), dout(n * 2) {
+    for (const DeviceMem* m : {&q, &k, &v, &dout}) Bf16Tensor(n, gen).upload(*m);
+  }
+};
+
 // The kernel flash attention runs for head dim D under `kernels`.
 const char* kernel_name(FlashKernels kernels, int D, bool backward) {
   if (kernels != FlashKernels::kAuto || !flash_attention_uses_wgmma(D)) return "mma.sync";
@@ -317,12 +327,8 @@ TEST_CASE(
   const size_t n = static_cast<size_t>(B) * T * H * D;
   const size_t n_lse = static_cast<size_t>(B) * H * T;
   std::mt19937 gen(11);
-  const Bf16Tensor q(n, gen), k(n, gen), v(n, gen), dout(n, gen);
-  DeviceMem d_q(n * 2), d_k(n * 2), d_v(n * 2), d_do(n * 2);
-  q.upload(d_q);
-  k.upload(d_k);
-  v.upload(d_v);
-  dout.upload(d_do);
+  const DeviceInputs in(n, gen);
+  const DeviceMem &d_q = in.q, &d_k = in.k, &d_v = in.v, &d_do = in.dout;
   DeviceMem work(flash_attention_backward_workspace_bytes(B, T, H, D));
   using bf = __nv_bfloat16;
   struct Out {
@@ -429,6 +435,70 @@ TEST_CASE("flash attention reads and writes heads inside wider rows", "[gpu][fla
     std::vector<double> dq_wide(n);
     for (size_t i = 0; i < n; ++i) dq_wide[i] = from_bf16(col[2][i]);
     CHECK(rel_error(download_bf16(dq, n), dq_wide) < 5e-3);
+  }
+}
+
+// With RoPE's table, the backward hands out dq and dk through RoPE's backward (each channel pair
+// (g0, g1) of position t -> (g0 c + g1 s, g1 c - g0 s)): the same as rotating the plain backward's
+// dq and dk on the host, up to the one bf16 rounding the fused path saves; dv bit for bit as
+// without. Both kernel families, the table exactly T positions long.
+TEST_CASE("flash attention backward applies RoPE's backward to dq and dk",
+          "[gpu][flash_attention]") {
+  const int D = GENERATE(16, 32, 64, 80, 128);
+  const int B = 2, T = 300, H = 3;
+  const size_t n = static_cast<size_t>(B) * T * H * D;
+  const size_t n_lse = static_cast<size_t>(B) * H * T;
+  std::mt19937 gen(31);
+  const DeviceInputs in(n, gen);
+  const DeviceMem &d_q = in.q, &d_k = in.k, &d_v = in.v, &d_do = in.dout;
+  const std::vector<float> table = trainer::cuda::rope_table(T, D, 10000.0);
+  DeviceMem d_table(table.size() * 4);
+  CUDA_CHECK(cudaMemcpy(d_table.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  DeviceMem work(flash_attention_backward_workspace_bytes(B, T, H, D));
+  using bf = __nv_bfloat16;
+  for (FlashKernels kernels : kBothKernels) {
+    INFO("dh " << D << (kernels == FlashKernels::kAuto ? ", kAuto" : ", kMmaSync"));
+    DeviceMem o(n * 2), lse(n_lse * 4), dq0(n * 2), dk0(n * 2), dv0(n * 2), dq1(n * 2), dk1(n * 2),
+        dv1(n * 2);
+    for (const DeviceMem* m : {&o, &lse, &dq0, &dk0, &dv0, &dq1, &dk1, &dv1}) m->poison();
+    flash_attention_forward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), o.as<bf>(), lse.as<float>(),
+                            B, T, H, D, nullptr, kernels);
+    flash_attention_backward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), o.as<bf>(), d_do.as<bf>(),
+                             lse.as<float>(), dq0.as<bf>(), dk0.as<bf>(), dv0.as<bf>(), work.ptr, B,
+                             T, H, D, nullptr, kernels);
+    flash_attention_backward(d_q.as<bf>(), d_k.as<bf>(), d_v.as<bf>(), o.as<bf>(), d_do.as<bf>(),
+                             lse.as<float>(), dq1.as<bf>(), dk1.as<bf>(), dv1.as<bf>(), work.ptr, B,
+                             T, H, D, nullptr, kernels, {}, d_table.as<float>());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    // RoPE's backward on the host, in double, of the plain backward's (B, T, H, D) gradients.
+    auto rotate_back = [&](const std::vector<float>& g) {
+      std::vector<double> r(g.size());
+      for (size_t row = 0; row < static_cast<size_t>(B) * T; ++row) {
+        const size_t t = row % T;
+        for (int h = 0; h < H; ++h)
+          for (int j = 0; j < D / 2; ++j) {
+            const size_t i = (row * H + h) * D + 2 * j;
+            const double c = table[2 * (t * (D / 2) + j)], sn = table[2 * (t * (D / 2) + j) + 1];
+            r[i] = g[i] * c + g[i + 1] * sn;
+            r[i + 1] = g[i + 1] * c - g[i] * sn;
+          }
+      }
+      return r;
+    };
+    const std::vector<float> dq_plain = download_bf16(dq0, n), dk_plain = download_bf16(dk0, n);
+    const std::vector<double> dq_ref = rotate_back(dq_plain), dk_ref = rotate_back(dk_plain);
+    const std::vector<float> dq_rope = download_bf16(dq1, n), dk_rope = download_bf16(dk1, n);
+    CHECK(count_nan(dq_rope) == 0);
+    CHECK(count_nan(dk_rope) == 0);
+    CHECK(rel_error(dq_rope, dq_ref) < 4e-3);
+    CHECK(rel_error(dk_rope, dk_ref) < 4e-3);
+    // The rotation is not a no-op here: the plain gradients are far from the rotated ones.
+    CHECK(rel_error(dq_plain, dq_ref) > 0.2);
+    CHECK(rel_error(dk_plain, dk_ref) > 0.2);
+    std::vector<uint16_t> v0(n), v1(n);
+    CUDA_CHECK(cudaMemcpy(v0.data(), dv0.ptr, n * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(v1.data(), dv1.ptr, n * 2, cudaMemcpyDeviceToHost));
+    CHECK(v0 == v1);
   }
 }
 

@@ -736,11 +736,12 @@ template <typename T>
 void CudaReplica<T>::attention_layer_backward(BlockActs& a, const T* datt, int64_t B, int64_t seq) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if (flash_) {
-      // dq, dk, dv straight into the fused projection's gradient [dv | dk | dq].
+      // dq, dk, dv straight into the fused projection's gradient [dv | dk | dq], dq and dk
+      // through RoPE's backward already.
       flash_attention_backward(a.q, a.k, a.v, a.att, datt, a.lse, vkq_ + 2 * d_, vkq_ + d_, vkq_,
                                flash_ws_, static_cast<int>(B), static_cast<int>(seq),
                                static_cast<int>(H_), static_cast<int>(dh_), stream_.s,
-                               FlashKernels::kAuto, {3 * d_, 3 * d_});
+                               FlashKernels::kAuto, {3 * d_, 3 * d_}, rope_table_);
       return;
     }
   }
@@ -931,14 +932,8 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     T* datt = dln_;
     linear_backward_data(dres_, d, P(p.o), datt, n, d, d, 1.0f, false);
     attention_layer_backward(a, datt, B, seq);
-    RopeJobs<T> jobs;
-    if (flash_) {
-      // dq, dk are already in [dv | dk | dq]: RoPE's backward in place.
-      jobs.add(vkq_ + 2 * d, vkq_ + 2 * d, true);
-      jobs.add(vkq_ + d, vkq_ + d, true);
-      rope(jobs, QkvLayout::kTokenMajor, 3 * d, QkvLayout::kTokenMajor, 3 * d, B, seq, H_, dh_,
-           rope_table_, true, s);
-    } else {
+    if (!flash_) {  // flash: dq, dk, dv are in [dv | dk | dq] already, RoPE's backward done
+      RopeJobs<T> jobs;
       jobs.add(dq_, vkq_ + 2 * d, true);
       jobs.add(dk_, vkq_ + d, true);
       jobs.add(dv_, vkq_, false);

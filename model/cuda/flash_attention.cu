@@ -667,14 +667,17 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_kernel(const BwdParam
 
   // Epilogue: every warp has finished reading sK (dQ product), so each warp stages its 16 rows of
   // dK (scaled) and dV in sK / sV and writes them with 16-byte stores.
+  // With a RoPE table, dK (key row n0 + row_l, channel pair 4j + t) goes through RoPE's backward.
   __syncthreads();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row_l = key_w + g + r * 8;
+    const bool rotate = p.rope != nullptr && n0 + row_l < T;
 #pragma unroll
     for (int j = 0; j < DT; ++j) {
-      *reinterpret_cast<uint32_t*>(sK + row_l * S + j * 8 + 2 * t) =
-          pack_bf16(acc_dk[j][2 * r] * p.scale, acc_dk[j][2 * r + 1] * p.scale);
+      float2 gk = make_float2(acc_dk[j][2 * r] * p.scale, acc_dk[j][2 * r + 1] * p.scale);
+      if (rotate) gk = rope_backward_pair(p.rope, D / 2, n0 + row_l, 4 * j + t, gk.x, gk.y);
+      *reinterpret_cast<uint32_t*>(sK + row_l * S + j * 8 + 2 * t) = pack_bf16(gk.x, gk.y);
       *reinterpret_cast<uint32_t*>(sV + row_l * S + j * 8 + 2 * t) =
           pack_bf16(acc_dv[j][2 * r], acc_dv[j][2 * r + 1]);
     }
@@ -702,21 +705,36 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_kernel(const BwdParam
 // ---------------------------------------------------------------------------------------------
 // Backward, step 3: dQ = scale * dQ_acc converted to bf16 (8 elements per thread).
 // ---------------------------------------------------------------------------------------------
-// acc: rows of row_elems = H * dh floats; dq: the same rows with stride ld_dq.
+// acc: rows (b, t) of row_elems = H * dh floats; dq: the same rows with stride ld_dq. With a RoPE
+// table (BwdParams::rope) each channel pair goes through RoPE's backward after the scale.
+template <int D>
 __global__ void flash_bwd_convert_dq_kernel(const float* __restrict__ acc, bf16* __restrict__ dq,
                                             int64_t n8, int64_t row_elems, int64_t ld_dq,
-                                            float scale) {
+                                            float scale, const float2* __restrict__ rope, int T) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n8) return;
   const int64_t row = 8 * i / row_elems;
+  const int64_t col = 8 * i - row * row_elems;
   const float4 a = reinterpret_cast<const float4*>(acc)[2 * i];
   const float4 c = reinterpret_cast<const float4*>(acc)[2 * i + 1];
+  float g[8] = {a.x * scale, a.y * scale, a.z * scale, a.w * scale,
+                c.x * scale, c.y * scale, c.z * scale, c.w * scale};
+  if (rope != nullptr) {
+    const int pos = static_cast<int>(row % T);
+    const int pair0 = static_cast<int>(col % D) / 2;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 r = rope_backward_pair(rope, D / 2, pos, pair0 + j, g[2 * j], g[2 * j + 1]);
+      g[2 * j] = r.x;
+      g[2 * j + 1] = r.y;
+    }
+  }
   uint4 out;
-  out.x = pack_bf16(a.x * scale, a.y * scale);
-  out.y = pack_bf16(a.z * scale, a.w * scale);
-  out.z = pack_bf16(c.x * scale, c.y * scale);
-  out.w = pack_bf16(c.z * scale, c.w * scale);
-  *reinterpret_cast<uint4*>(dq + row * ld_dq + (8 * i - row * row_elems)) = out;
+  out.x = pack_bf16(g[0], g[1]);
+  out.y = pack_bf16(g[2], g[3]);
+  out.z = pack_bf16(g[4], g[5]);
+  out.w = pack_bf16(g[6], g[7]);
+  *reinterpret_cast<uint4*>(dq + row * ld_dq + col) = out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -754,8 +772,8 @@ void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, i
     constexpr int kThreads = 256;
     const int64_t n8 = elems / 8;
     const auto blocks = static_cast<unsigned>((n8 + kThreads - 1) / kThreads);
-    flash_bwd_convert_dq_kernel<<<blocks, kThreads, 0, stream>>>(
-        p.dq_acc, dq, n8, static_cast<int64_t>(p.H) * D, ld_dq, p.scale);
+    flash_bwd_convert_dq_kernel<D><<<blocks, kThreads, 0, stream>>>(
+        p.dq_acc, dq, n8, static_cast<int64_t>(p.H) * D, ld_dq, p.scale, p.rope, p.T);
     CUDA_CHECK_LAUNCH("flash_bwd_convert_dq_kernel");
   }
 }
@@ -855,7 +873,7 @@ void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* dout, const float* lse, __nv_bfloat16* dq,
                               __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, int B, int T,
                               int H, int head_dim, cudaStream_t stream, FlashKernels kernels,
-                              FlashStrides strides) {
+                              FlashStrides strides, const float* rope_table) {
   constexpr const char* kWhat = "flash_attention_backward";
   flash::check_common(B, T, H, head_dim, kWhat);
   const int64_t ld_qkv = flash::row_stride(strides.qkv, H, head_dim, "strides.qkv", kWhat);
@@ -870,14 +888,16 @@ void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
   flash::check_tensor(dk, "dk", kWhat, 16);
   flash::check_tensor(dv, "dv", kWhat, 16);
   flash::check_tensor(workspace, "workspace", kWhat, 16);
+  if (rope_table != nullptr) flash::check_tensor(rope_table, "rope_table", kWhat, 8);
   const size_t rows = static_cast<size_t>(B) * T * H;
   float* dq_acc = static_cast<float*>(workspace);
   float* dsum = reinterpret_cast<float*>(static_cast<char*>(workspace) +
                                          flash::round_up(rows * head_dim * sizeof(float), 256));
   const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
+  const auto* rope = reinterpret_cast<const float2*>(rope_table);
   const flash::BwdParams p{
-      q,      k,      v, dout, lse, dsum, dq_acc, dk, dv, T, H, scale, scale * flash::kLog2e,
-      ld_qkv, ld_dqkv};
+      q,      k,       v,   dout, lse, dsum, dq_acc, dk, dv, T, H, scale, scale * flash::kLog2e,
+      ld_qkv, ld_dqkv, rope};
   const bool wgmma = kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(head_dim);
   switch (head_dim) {
     case 16:

@@ -62,12 +62,16 @@ size_t flash_attention_backward_workspace_bytes(int B, int T, int H, int head_di
 // need not be initialised (the backward clears what it uses). dk and dv are bitwise
 // deterministic; dq is summed over key blocks with fp32 atomics, so its last bits may vary from
 // run to run. All pointers 16-byte aligned (lse: 4), head_dim as flash_attention_supports().
+// rope_table: null, or RoPE's table on the device (rope_table() of model/cuda/rope.cuh, at least T
+// positions, 8-byte aligned): then dq and dk leave through RoPE's backward, i.e. they are the
+// gradients of q and k before the rotation (the forward took rotated q, k), as rope() with
+// inverse = true would make them, rounded to bf16 once instead of twice.
 void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* v, const __nv_bfloat16* o,
                               const __nv_bfloat16* dout, const float* lse, __nv_bfloat16* dq,
                               __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, int B, int T,
                               int H, int head_dim, cudaStream_t stream,
-                              FlashKernels kernels = FlashKernels::kAuto,
-                              FlashStrides strides = {});
+                              FlashKernels kernels = FlashKernels::kAuto, FlashStrides strides = {},
+                              const float* rope_table = nullptr);
 
 }  // namespace trainer::cuda

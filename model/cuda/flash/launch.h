@@ -55,7 +55,19 @@ struct BwdParams {
   float scale_log2;  // scale * log2(e)
   int64_t ld_qkv;    // row stride of q, k, v (elements); dout's and dq_acc's are H * dh
   int64_t ld_dkv;    // row stride of dk, dv
+  // RoPE's table (rope_table(): cos, sin per position and channel pair), or null. Given, dq and dk
+  // leave through RoPE's backward: the kernels write the gradients of the un-rotated q and k.
+  const float2* rope;
 };
+
+// RoPE's backward of one interleaved channel pair at (position, pair) of `table` (rope_table()
+// layout, head_dim / 2 pairs per position): (g0, g1) -> (g0 c + g1 s, g1 c - g0 s), the rotation
+// by -theta that undoes the forward's.
+__device__ __forceinline__ float2 rope_backward_pair(const float2* table, int half_dim, int pos,
+                                                     int pair, float g0, float g1) {
+  const float2 w = table[static_cast<int64_t>(pos) * half_dim + pair];
+  return make_float2(g0 * w.x + g1 * w.y, g1 * w.x - g0 * w.y);
+}
 
 // Throws UsageError. Messages are formatted with fmt::runtime so that this compiles whatever
 // fmt's compile-time format checking makes of nvcc.

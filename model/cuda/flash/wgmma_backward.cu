@@ -559,6 +559,26 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     // reads all of K): the producer may load the next block's K and V.
     tma::arrive(kv_empty);
 
+    // With a RoPE table, dK (key n0 + row_l, channel pair 4i + t) goes through RoPE's backward,
+    // here, before the barrier below, so that the table's loads overlap the wait.
+    float dk_scale = p.scale;
+    if (p.rope != nullptr) {
+#pragma unroll
+      for (int r2 = 0; r2 < 2; ++r2) {
+        const int key = n0 + key_l + r2 * 8;
+        if (key >= T) continue;  // not stored; the table may end at T
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          float* g = acc_dk + 4 * i + 2 * r2;
+          const float2 r =
+              rope_backward_pair(p.rope, D / 2, key, 4 * i + t, g[0] * p.scale, g[1] * p.scale);
+          g[0] = r.x;
+          g[1] = r.y;
+        }
+      }
+      dk_scale = 1.f;
+    }
+
     // Epilogue. Each warpgroup stages its 64 rows of dK (scaled) and dV as bf16 over the dS^T and
     // dQ buffers (SW128 panels of BN rows, as K and V: the 8 rows g of a warp hit 8 different chunk
     // positions, conflict-free), then copies them out in 16-byte chunks. The first barrier waits
@@ -577,7 +597,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
       for (int i = 0; i < D / 8; ++i) {
         const uint32_t off = wg::sw128_offset<BN>(row_l, 8 * i + 2 * t);
         *reinterpret_cast<uint32_t*>(stage_dk + off) =
-            pack_bf16(acc_dk[4 * i + 2 * r2] * p.scale, acc_dk[4 * i + 2 * r2 + 1] * p.scale);
+            pack_bf16(acc_dk[4 * i + 2 * r2] * dk_scale, acc_dk[4 * i + 2 * r2 + 1] * dk_scale);
         *reinterpret_cast<uint32_t*>(stage_dv + off) =
             pack_bf16(acc_dv[4 * i + 2 * r2], acc_dv[4 * i + 2 * r2 + 1]);
       }
