@@ -50,11 +50,10 @@ __global__ void rope_kernel(RopeJobs<T> jobs, bool in_head_major, int64_t ld_in,
       const float2* cs = table + static_cast<int64_t>(t[u]) * (dh / 2) + e / 2;
 #pragma unroll
       for (int p = 0; p < kV / 2; ++p) {
-        const float2 w = cs[p];
-        const float co = w.x, si = inverse ? -w.y : w.y;
-        const float x0 = to_float(x[u].v[2 * p]), x1 = to_float(x[u].v[2 * p + 1]);
-        x[u].v[2 * p] = from_float<T>(x0 * co - x1 * si);
-        x[u].v[2 * p + 1] = from_float<T>(x0 * si + x1 * co);
+        const float2 r =
+            rope_rotate_pair(cs[p], to_float(x[u].v[2 * p]), to_float(x[u].v[2 * p + 1]), inverse);
+        x[u].v[2 * p] = from_float<T>(r.x);
+        x[u].v[2 * p + 1] = from_float<T>(r.y);
       }
     }
     store_pack<kV>(out + dst[u], x[u]);

@@ -18,6 +18,16 @@
 
 namespace trainer::cuda {
 
+#ifdef __CUDACC__
+// One interleaved pair (x0, x1) rotated by the table entry cs = (cos, sin): RoPE's forward, or
+// with `inverse` its backward (the same rotation with sin negated). Shared by rope_kernel and the
+// attention backward, which applies RoPE's backward to dq and dk in its epilogues.
+__device__ __forceinline__ float2 rope_rotate_pair(float2 cs, float x0, float x1, bool inverse) {
+  const float si = inverse ? -cs.y : cs.y;
+  return make_float2(x0 * cs.x - x1 * si, x0 * si + x1 * cs.x);
+}
+#endif
+
 // Where element (b, t, head h, channel e) of an attention operand lives:
 //   kTokenMajor: (B, T, d) rows of row stride `ld`, head h at columns [h*dh, (h+1)*dh)
 //   kHeadMajor:  (B, H, T, dh) contiguous, so each (b, h) is one (T, dh) matrix

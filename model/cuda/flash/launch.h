@@ -17,6 +17,7 @@
 #include "model/cuda/common.cuh"
 #include "model/cuda/flash/tma.cuh"
 #include "model/cuda/flash_attention.h"
+#include "model/cuda/rope.cuh"
 
 namespace trainer::cuda::flash {
 
@@ -65,8 +66,7 @@ struct BwdParams {
 // by -theta that undoes the forward's.
 __device__ __forceinline__ float2 rope_backward_pair(const float2* table, int half_dim, int pos,
                                                      int pair, float g0, float g1) {
-  const float2 w = table[static_cast<int64_t>(pos) * half_dim + pair];
-  return make_float2(g0 * w.x + g1 * w.y, g1 * w.x - g0 * w.y);
+  return rope_rotate_pair(table[static_cast<int64_t>(pos) * half_dim + pair], g0, g1, true);
 }
 
 // Throws UsageError. Messages are formatted with fmt::runtime so that this compiles whatever
