@@ -104,9 +104,13 @@ constexpr size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // heads go in groups (HeadOrder::group), each group's working set within half the L2, and inside
 // a group the blocks run longest first across its heads. The last group's longest blocks start
 // late, which costs up to one block's work out of an SM's share of the grid: grouping is used
-// only when the grid has 16 or more blocks per SM (else all heads form one group, the plain
-// longest-first order). Measured on H200 at B 4, H 16: T 1024-4096 lose 5-15% when grouped,
-// T 8192-16384 gain 5-16%.
+// only when the grid has 8 or more blocks per SM (else all heads form one group, the plain
+// longest-first order). On an H100 with the persistent kernels (docs/results/log.md, 2026-11-25
+// 23:10), 8 instead of 16 took small's training step at 16 x 1024 (192 heads, T 1024: 11.6
+// blocks per SM) from 30.35 to 29.47 ms, all of it in the attention backward, whose fp32 dQ
+// accumulator (50 MB) no longer streams through the L2 from every head at once; head dim 128 at
+// T 4096 (B 4, H 16: 15.5 per SM) ran 4-10% faster. The earlier threshold, 16, came from an H200
+// before the kernels were persistent, where T 1024-4096 lost 5-15% when grouped.
 struct HeadOrder {
   int blocks;  // row blocks per head
   int group;   // heads per group
@@ -143,7 +147,7 @@ inline HeadOrder head_order(int B, int H, int T, int block_rows, int64_t bytes_p
   if (blocks * heads > int64_t{0x7fffffff})
     fail("{}: B={}, T={}, H={} needs {} blocks (at most 2^31 - 1)", what, B, T, H, blocks * heads);
   int64_t group = heads;
-  if (blocks * heads >= 16 * int64_t{device.sms}) {
+  if (blocks * heads >= 8 * int64_t{device.sms}) {
     const int64_t per_head = std::max<int64_t>(1, bytes_per_head_row * T);
     group = std::clamp<int64_t>(device.l2_bytes / 2 / per_head, 1, heads);
   }
