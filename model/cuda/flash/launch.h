@@ -106,7 +106,7 @@ constexpr size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // late, which costs up to one block's work out of an SM's share of the grid: grouping is used
 // only when the grid has 8 or more blocks per SM (else all heads form one group, the plain
 // longest-first order). On an H100 with the persistent kernels (docs/results/log.md, 2026-11-25
-// 23:10), 8 instead of 16 took small's training step at 16 x 1024 (192 heads, T 1024: 11.6
+// 22:57), 8 instead of 16 took small's training step at 16 x 1024 (192 heads, T 1024: 11.6
 // blocks per SM) from 30.35 to 29.47 ms, all of it in the attention backward, whose fp32 dQ
 // accumulator (50 MB) no longer streams through the L2 from every head at once; head dim 128 at
 // T 4096 (B 4, H 16: 15.5 per SM) ran 4-10% faster. The earlier threshold, 16, came from an H200
