@@ -39,6 +39,18 @@ void Run::report_kernel_trace(const std::vector<TracedKernel>& kernels, int64_t 
       "time, busy {:.3f} ms of {:.3f} ms from first to last kernel, idle {:.3f} ms",
       rank_, prefix, static_cast<double>(mean.kernels) * k, mean.kernel_ms * k, mean.busy_ms * k,
       mean.span_ms * k, (mean.span_ms - mean.busy_ms) * k);
+  // The step with the median busy time: its longest idle gaps and the kernels around them.
+  std::vector<int64_t> order(per_step.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return per_step[static_cast<size_t>(a)].busy_ms < per_step[static_cast<size_t>(b)].busy_ms;
+  });
+  if (!order.empty()) {
+    const int64_t median = order[order.size() / 2];
+    for (const IdleGap& g : longest_gaps(kernels, median, 5))
+      spdlog::info("  idle {:.3f} ms in step {} after {} before {}", g.ms, median,
+                   g.before.substr(0, 60), g.after.substr(0, 60));
+  }
   const std::vector<KernelTotal> totals = totals_by_name(kernels);
   for (size_t i = 0; i < totals.size() && i < 12; ++i)
     spdlog::info("  {:8.3f} ms/step {:5.1f}/step  {}", totals[i].ms * k,

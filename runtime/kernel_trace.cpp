@@ -44,6 +44,26 @@ std::vector<StepTrace> summarize_steps(const std::vector<TracedKernel>& kernels,
   return out;
 }
 
+std::vector<IdleGap> longest_gaps(const std::vector<TracedKernel>& kernels, int64_t step,
+                                  size_t count) {
+  std::vector<const TracedKernel*> ks;
+  for (const TracedKernel& k : kernels)
+    if (k.step == step && k.end_ns >= k.start_ns) ks.push_back(&k);
+  std::sort(ks.begin(), ks.end(),
+            [](const TracedKernel* a, const TracedKernel* b) { return a->start_ns < b->start_ns; });
+  std::vector<IdleGap> gaps;
+  const TracedKernel* last = nullptr;  // the kernel with the latest end so far
+  for (const TracedKernel* k : ks) {
+    if (last && k->start_ns > last->end_ns)
+      gaps.push_back({static_cast<double>(k->start_ns - last->end_ns) * 1e-6, last->name, k->name});
+    if (!last || k->end_ns > last->end_ns) last = k;
+  }
+  std::stable_sort(gaps.begin(), gaps.end(),
+                   [](const IdleGap& a, const IdleGap& b) { return a.ms > b.ms; });
+  if (gaps.size() > count) gaps.resize(count);
+  return gaps;
+}
+
 std::vector<KernelTotal> totals_by_name(const std::vector<TracedKernel>& kernels) {
   std::map<std::string, KernelTotal> by;
   for (const TracedKernel& k : kernels) {

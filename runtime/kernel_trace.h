@@ -57,6 +57,16 @@ struct KernelTotal {
 // Kernels grouped by name over all steps, the largest total first.
 std::vector<KernelTotal> totals_by_name(const std::vector<TracedKernel>& kernels);
 
+struct IdleGap {
+  double ms = 0;       // no kernel ran on any stream for this long
+  std::string before;  // the kernel that ended last before the gap
+  std::string after;   // the kernel that started the next run of kernels
+};
+// The `count` longest idle gaps of one step (between its first kernel's start and its last
+// kernel's end), longest first.
+std::vector<IdleGap> longest_gaps(const std::vector<TracedKernel>& kernels, int64_t step,
+                                  size_t count);
+
 // PREFIX.json and PREFIX.csv (above); times relative to the first kernel's start.
 void write_kernel_trace(const std::string& prefix, const std::vector<TracedKernel>& kernels);
 

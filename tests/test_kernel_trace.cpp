@@ -50,6 +50,21 @@ TEST_CASE("kernel trace: busy, idle and summed time per step", "[kernel_trace]")
   CHECK(trainer::summarize_steps(made_up(), 1)[0].kernels == 4);
 }
 
+TEST_CASE("kernel trace: the longest idle gaps and the kernels around them", "[kernel_trace]") {
+  std::vector<TracedKernel> k = made_up();
+  k.push_back({"E", 0, 7, 9000, 9500});  // a 2000 ns gap after C
+  const std::vector<trainer::IdleGap> g = trainer::longest_gaps(k, 0, 5);
+  REQUIRE(g.size() == 2);  // B overlapping A and D inside B leave no gap between them
+  CHECK_THAT(g[0].ms, WithinAbs(2000 * 1e-6, 1e-9));
+  CHECK(g[0].before == "C");
+  CHECK(g[0].after == "E");
+  CHECK_THAT(g[1].ms, WithinAbs(1000 * 1e-6, 1e-9));
+  CHECK(g[1].before == "B");  // B ends last (5000), not D (2600)
+  CHECK(g[1].after == "C");
+  CHECK(trainer::longest_gaps(k, 0, 1).size() == 1);
+  CHECK(trainer::longest_gaps(k, 1, 5).empty());
+}
+
 TEST_CASE("kernel trace: totals by name, largest first", "[kernel_trace]") {
   const std::vector<KernelTotal> t = trainer::totals_by_name(made_up());
   REQUIRE(t.size() == 4);
