@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "runtime/csv.h"
 #include "runtime/floors.h"
+#include "runtime/kernel_trace.h"
 #include "runtime/run.h"
 
 namespace trainer {
@@ -17,6 +18,44 @@ const char* const kCsvHeader =
     "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,hosts,recompute,"
     "forward_floor_ms,backward_floor_ms,optimizer_floor_ms,gemm_forward_ms,gemm_backward_ms,"
     "copy_gb_s,cuda_graph,adam_state,optimizer_total_ms,overlap_update,update_sms";
+
+// --kernel-trace: the files (one pair per rank when there are several) and, per timed step on
+// average, what the kernels did with the GPU's time.
+void Run::report_kernel_trace(const std::vector<TracedKernel>& kernels, int64_t steps) const {
+  const std::string prefix =
+      nranks_ > 1 ? fmt::format("{}.rank{}", o_.kernel_trace, rank_) : o_.kernel_trace;
+  write_kernel_trace(prefix, kernels);
+  const std::vector<StepTrace> per_step = summarize_steps(kernels, steps);
+  StepTrace mean;
+  for (const StepTrace& s : per_step) {
+    mean.kernels += s.kernels;
+    mean.kernel_ms += s.kernel_ms;
+    mean.busy_ms += s.busy_ms;
+    mean.span_ms += s.span_ms;
+  }
+  const double k = 1.0 / static_cast<double>(std::max<int64_t>(steps, 1));
+  spdlog::info(
+      "kernel trace (rank {}): {}.json / .csv | per step: {:.1f} kernels, {:.3f} ms of kernel "
+      "time, busy {:.3f} ms of {:.3f} ms from first to last kernel, idle {:.3f} ms",
+      rank_, prefix, static_cast<double>(mean.kernels) * k, mean.kernel_ms * k, mean.busy_ms * k,
+      mean.span_ms * k, (mean.span_ms - mean.busy_ms) * k);
+  // The step with the median busy time: its longest idle gaps and the kernels around them.
+  std::vector<int64_t> order(per_step.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return per_step[static_cast<size_t>(a)].busy_ms < per_step[static_cast<size_t>(b)].busy_ms;
+  });
+  if (!order.empty()) {
+    const int64_t median = order[order.size() / 2];
+    for (const IdleGap& g : longest_gaps(kernels, median, 5))
+      spdlog::info("  idle {:.3f} ms in step {} after {} before {}", g.ms, median,
+                   g.before.substr(0, 60), g.after.substr(0, 60));
+  }
+  const std::vector<KernelTotal> totals = totals_by_name(kernels);
+  for (size_t i = 0; i < totals.size() && i < 12; ++i)
+    spdlog::info("  {:8.3f} ms/step {:5.1f}/step  {}", totals[i].ms * k,
+                 static_cast<double>(totals[i].count) * k, totals[i].name.substr(0, 90));
+}
 
 void Run::benchmark(TrainResult& result) {
   const bool backward = o_.bench_mode != "forward";
@@ -30,7 +69,14 @@ void Run::benchmark(TrainResult& result) {
   // times hold the updates that finished during it (normally the previous step's).
   double lane_ms0 = 0;
   int64_t lane_updates0 = 0;
+  std::unique_ptr<KernelTrace> trace;
+  if (!o_.kernel_trace.empty()) {
+    if (device_ != DeviceKind::kCuda)
+      usage_error("--kernel-trace records GPU kernels, and this run is on the CPU");
+    trace = make_kernel_trace();
+  }
   for (int64_t s = 0; s < warm + n; ++s) {
+    if (trace && s == warm) trace->begin();
     if (s > warm) wall.push_back(ms_since(launched));
     launched = Clock::now();
     timer_->begin(Phase::kStep);
@@ -49,9 +95,15 @@ void Run::benchmark(TrainResult& result) {
     }
     PhaseTimes t = collect_times(s, s + 1 == warm + n);
     if (s >= warm) mine.push_back(t);
+    if (trace && s >= warm) trace->end_step(s - warm);
     if (s == 0) report_memory(1);
   }
   wall.push_back(ms_since(launched));
+  if (trace) {
+    const std::vector<TracedKernel> kernels = trace->finish();
+    trace.reset();
+    report_kernel_trace(kernels, n);
+  }
   const int64_t mem = memory_in_use(device_);
   // Rank 0 measures its GPU's floors while the others wait in the gather below.
   PhaseFloors floors;

@@ -157,6 +157,9 @@ Options parse_options(int argc, char** argv) {
       ->default_str("by GPU and precision");
   app.add_flag("--benchmark", o.benchmark, "time steps on synthetic tokens instead of training");
   app.add_option("--mode", o.bench_mode, "benchmark: forward | forward-backward | train");
+  app.add_option("--kernel-trace", o.kernel_trace,
+                 "benchmark on a GPU: record every kernel of the timed steps as they ran (CUPTI) "
+                 "into PREFIX.json (Perfetto) and PREFIX.csv, and log busy and idle time per step");
   app.add_option("--csv", o.csv, "benchmark: append a result row to this CSV file");
   app.add_option("--debug-die-at-step", o.debug_die_at_step)->group("");
   app.add_option("--debug-die-rank", o.debug_die_rank)->group("");
@@ -253,6 +256,10 @@ void validate_options(const Options& o) {
     usage_error("--attn '{}' is not flash or simple", o.attention);
   parse_recompute(o.recompute);  // throws UsageError naming --recompute
   parse_sync_strategy(o.ddp);    // throws UsageError naming --ddp
+  if (!o.kernel_trace.empty() && !o.benchmark)
+    usage_error("--kernel-trace records --benchmark's timed steps: add --benchmark");
+  if (!o.kernel_trace.empty() && o.device == "cpu")
+    usage_error("--kernel-trace records GPU kernels: it needs --device cuda (or auto on a GPU)");
   if (o.bench_mode != "forward" && o.bench_mode != "forward-backward" && o.bench_mode != "train")
     usage_error("--mode '{}' is not forward, forward-backward or train", o.bench_mode);
   if (!o.benchmark && o.data.empty())
@@ -288,7 +295,8 @@ std::string settings_fingerprint(const Options& o) {
   s << "ddp=" << o.ddp << "\nbucket-mb=" << o.bucket_mb << "\nshard-optim=" << o.shard_optim
     << "\ngrad-reduce=" << o.grad_reduce << "\ncomm-sms=" << o.comm_sms
     << "\ngrad-transport=" << o.grad_transport << "\n";
-  s << "benchmark=" << o.benchmark << "\nmode=" << o.bench_mode << "\n";
+  s << "benchmark=" << o.benchmark << "\nmode=" << o.bench_mode
+    << "\nkernel-trace=" << o.kernel_trace << "\n";
   return s.str();
 }
 

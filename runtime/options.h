@@ -63,6 +63,7 @@ struct Options {
   double peak_tflops = 0;     // 0: by device and precision
   // Benchmark mode
   bool benchmark = false;
+  std::string kernel_trace;  // --benchmark: PREFIX of the timed steps' kernel trace (GPU only)
   std::string bench_mode = "train";
   std::string csv;
   // Testing hooks (hidden): make one rank die at a step, to test failure handling.

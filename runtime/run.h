@@ -29,6 +29,7 @@
 #include "optim/schedule.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
+#include "runtime/kernel_trace.h"
 #include "runtime/placement.h"
 #include "runtime/stop_signal.h"
 #include "runtime/trainer.h"
@@ -148,6 +149,7 @@ class Run {
 
   // benchmark.cpp
   void benchmark(TrainResult& result);
+  void report_kernel_trace(const std::vector<TracedKernel>& kernels, int64_t steps) const;
 
   // trainer.cpp
   // The training loop, from start_step_ to --steps or an early stop.

@@ -83,6 +83,13 @@ expect 2 "--update-sms 8 needs the update beside forward" "$trainer" "${small[@]
 expect 2 "--cuda-graph needs --device cuda \\(--device auto, which found no GPU\\)" \
   env CUDA_VISIBLE_DEVICES= "$trainer" "${small[@]:2}" "${data[@]}" --cuda-graph
 expect 2 "--mode 'bogus'" "$trainer" "${small[@]}" --benchmark --mode bogus
+expect 2 "--kernel-trace records --benchmark" "$trainer" "${small[@]}" "${data[@]}" --kernel-trace "$tmp/kt"
+expect 2 "--kernel-trace records GPU kernels: it needs --device cuda" "$trainer" "${small[@]}" \
+  --benchmark --kernel-trace "$tmp/kt"
+if ! nvidia-smi -L > /dev/null 2>&1; then  # --device auto lands on the CPU: refused on every rank
+  expect nonzero "rank 1.*--kernel-trace records GPU kernels, and this run is on the CPU" \
+    $mpirun -np 2 "$trainer" "${small[@]:2}" --device auto --benchmark --kernel-trace "$tmp/kt"
+fi
 expect 2 "--bucket-mb must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --bucket-mb -1
 expect 2 "--trace .*cannot write" "$trainer" "${small[@]}" "${data[@]}" --trace "$tmp/afile/t.json"
 expect 2 "--csv .*cannot write" "$trainer" "${small[@]}" --benchmark --csv "$tmp/afile/r.csv"
