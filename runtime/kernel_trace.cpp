@@ -2,14 +2,54 @@
 // kernel_trace_cuda.cpp.
 #include "runtime/kernel_trace.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
 namespace trainer {
+
+std::string kernel_display_name(const std::string& mangled) {
+  int status = 0;
+  char* d = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+  if (status != 0 || d == nullptr) return mangled;
+  std::string name(d);
+  std::free(d);
+  const std::string anon = "(anonymous namespace)::";
+  for (size_t at; (at = name.find(anon)) != std::string::npos;) name.erase(at, anon.size());
+  // The parameter list starts at the first '(' outside template arguments.
+  int depth = 0;
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (name[i] == '<') ++depth;
+    if (name[i] == '>') --depth;
+    if (name[i] == '(' && depth == 0) {
+      name.resize(i);
+      break;
+    }
+  }
+  // A function template's demangled name begins with its return type.
+  if (name.rfind("void ", 0) == 0) name.erase(0, 5);
+  return name;
+}
+
+void assign_steps(std::vector<TracedKernel>& kernels, const std::vector<uint64_t>& ends_ns) {
+  std::vector<TracedKernel> kept;
+  kept.reserve(kernels.size());
+  for (TracedKernel& k : kernels) {
+    if (k.start_ns == 0 || k.end_ns < k.start_ns) continue;
+    const auto it = std::lower_bound(ends_ns.begin(), ends_ns.end(), k.end_ns);
+    if (it == ends_ns.end()) continue;
+    k.step = it - ends_ns.begin();
+    kept.push_back(std::move(k));
+  }
+  kernels = std::move(kept);
+}
 
 std::vector<StepTrace> summarize_steps(const std::vector<TracedKernel>& kernels, int64_t steps) {
   std::vector<StepTrace> out(static_cast<size_t>(std::max<int64_t>(steps, 0)));
@@ -103,7 +143,7 @@ void write_kernel_trace(const std::string& prefix, const std::vector<TracedKerne
   js << doc.dump() << "\n";
   std::ofstream csv(csv_path);
   if (!csv) usage_error("--kernel-trace: cannot write {}", csv_path);
-  csv << "step,stream,start_us,duration_us,kernel\n";
+  csv << "step,stream,start_us,duration_us,kernel\n" << std::fixed << std::setprecision(3);
   for (const TracedKernel* k : order) {
     std::string name = k->name;
     std::replace(name.begin(), name.end(), '"', '\'');

@@ -18,7 +18,7 @@ namespace trainer {
 
 struct TracedKernel {
   std::string name;
-  int64_t step = 0;     // the timed step whose end found it finished (0-based)
+  int64_t step = 0;     // the timed step during which it finished (0-based; assign_steps)
   uint32_t stream = 0;  // CUDA stream id
   uint64_t start_ns = 0, end_ns = 0;
 };
@@ -30,13 +30,26 @@ class KernelTrace {
   virtual void begin() = 0;
   // After timed step `step` synchronized: the kernels finished by now belong to it.
   virtual void end_step(int64_t step) = 0;
-  // Stops recording; every kernel recorded, in no particular order.
+  // Stops recording; the kernels that finished during the timed steps, tagged by assign_steps, in
+  // no particular order.
   virtual std::vector<TracedKernel> finish() = 0;
 };
 
 // CUPTI's activity API on the current CUDA device. Throws UsageError naming the reason where that
 // is not possible (a build without CUDA, libcupti not found, CUPTI refusing).
 std::unique_ptr<KernelTrace> make_kernel_trace();
+
+// A kernel's name as logs show it: demangled, without anonymous namespaces, its return type and
+// its parameter list ("trainer::cuda::rope_kernel<__nv_bfloat16, 8, 4>"); names that are not
+// mangled (cuBLASLt's) as they are.
+std::string kernel_display_name(const std::string& mangled);
+
+// Tags each kernel with the step during which it ended: step s ends at ends_ns[s] (the clock of
+// the kernels' timestamps, read after the step's events completed), so the update running beside
+// the next forward belongs to the next step, as the step timer counts it. Drops the kernels that
+// ended after the last step, and those without timestamps (CUPTI hands out kernels still running
+// at a flush with zeros).
+void assign_steps(std::vector<TracedKernel>& kernels, const std::vector<uint64_t>& ends_ns);
 
 struct StepTrace {
   int64_t kernels = 0;

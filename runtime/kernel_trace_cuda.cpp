@@ -3,14 +3,15 @@
 //
 // CUPTI hands out buffers of activity records through two callbacks: one asks us for an empty
 // buffer, the other returns a filled one (on CUPTI's own thread, or on ours inside a flush). The
-// kernels of a completed buffer are copied out under a mutex and tagged with the step being
-// closed; end_step() forces a flush after the step's events have completed, so every kernel that
-// finished during step s is tagged s (the update beside the next forward finishes in the next step
-// and is tagged with it, as the step timer counts it).
+// kernels of a completed buffer are copied out under a mutex. end_step() only reads CUPTI's clock
+// (the clock of the records' timestamps): a flush there would hand out the update still running
+// beside the next forward with zero timestamps. finish() flushes once and tags each kernel with
+// the step during which it ended (assign_steps).
 #include <cupti_activity.h>
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -29,6 +30,7 @@ struct Cupti {
   decltype(&cuptiActivityFlushAll) flush_all = nullptr;
   decltype(&cuptiActivityGetNextRecord) next_record = nullptr;
   decltype(&cuptiGetResultString) result_string = nullptr;
+  decltype(&cuptiGetTimestamp) timestamp = nullptr;
 
   void check(CUptiResult r, const char* what) const {
     if (r == CUPTI_SUCCESS) return;
@@ -41,7 +43,6 @@ struct Cupti {
 // The one recording of the process (CUPTI's callbacks are plain functions).
 std::mutex g_mutex;
 std::vector<TracedKernel>* g_sink = nullptr;
-int64_t g_step = 0;
 const Cupti* g_api = nullptr;
 
 constexpr size_t kBufferBytes = size_t{8} << 20;
@@ -62,7 +63,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
           record->kind != CUPTI_ACTIVITY_KIND_KERNEL)
         continue;
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      g_sink->push_back({k->name ? k->name : "?", g_step, k->streamId, k->start, k->end});
+      g_sink->push_back({k->name ? k->name : "?", -1, k->streamId, k->start, k->end});
     }
   }
   std::free(buffer);
@@ -92,6 +93,7 @@ class CuptiTrace final : public KernelTrace {
     sym(api_.flush_all, "cuptiActivityFlushAll");
     sym(api_.next_record, "cuptiActivityGetNextRecord");
     sym(api_.result_string, "cuptiGetResultString");
+    sym(api_.timestamp, "cuptiGetTimestamp");
     std::lock_guard<std::mutex> lock(g_mutex);
     if (g_sink) usage_error("--kernel-trace: one recording at a time");
     g_api = &api_;
@@ -111,21 +113,16 @@ class CuptiTrace final : public KernelTrace {
   void begin() override {
     api_.check(api_.register_callbacks(buffer_requested, buffer_completed),
                "cuptiActivityRegisterCallbacks");
-    {
-      std::lock_guard<std::mutex> lock(g_mutex);
-      g_step = 0;
-    }
+    ends_ns_.clear();
     api_.check(api_.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
     on_ = true;
   }
   void end_step(int64_t step) override {
-    {
-      std::lock_guard<std::mutex> lock(g_mutex);
-      g_step = step;
-    }
-    api_.check(api_.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
-    std::lock_guard<std::mutex> lock(g_mutex);
-    g_step = step + 1;
+    TRAINER_CHECK(step == static_cast<int64_t>(ends_ns_.size()), "end_step({}) after {} steps",
+                  step, ends_ns_.size());
+    uint64_t now = 0;
+    api_.check(api_.timestamp(&now), "cuptiGetTimestamp");
+    ends_ns_.push_back(now);
   }
   std::vector<TracedKernel> finish() override {
     if (on_) {
@@ -133,13 +130,25 @@ class CuptiTrace final : public KernelTrace {
       api_.check(api_.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
       on_ = false;
     }
-    std::lock_guard<std::mutex> lock(g_mutex);
-    return std::move(kernels_);
+    std::vector<TracedKernel> out;
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      out = std::move(kernels_);
+    }
+    assign_steps(out, ends_ns_);
+    std::map<std::string, std::string> shown;
+    for (TracedKernel& k : out) {
+      auto it = shown.find(k.name);
+      if (it == shown.end()) it = shown.emplace(k.name, kernel_display_name(k.name)).first;
+      k.name = it->second;
+    }
+    return out;
   }
 
  private:
   Cupti api_;
   std::vector<TracedKernel> kernels_;
+  std::vector<uint64_t> ends_ns_;  // CUPTI's clock at each timed step's end
   bool on_ = false;
 };
 

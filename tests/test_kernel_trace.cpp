@@ -50,6 +50,35 @@ TEST_CASE("kernel trace: busy, idle and summed time per step", "[kernel_trace]")
   CHECK(trainer::summarize_steps(made_up(), 1)[0].kernels == 4);
 }
 
+TEST_CASE("kernel trace: each kernel belongs to the step during which it ended", "[kernel_trace]") {
+  // Steps end at 10000 and 20000 ns. The update started in step 0 and ending in step 1 belongs to
+  // step 1; a kernel ending after the last step, and one handed out still running (zero
+  // timestamps), are dropped.
+  std::vector<TracedKernel> k = {{"fwd", -1, 7, 1000, 2000},
+                                 {"upd", -1, 8, 9000, 12000},
+                                 {"end", -1, 7, 19000, 20000},
+                                 {"late", -1, 8, 19500, 20001},
+                                 {"running", -1, 8, 0, 0}};
+  trainer::assign_steps(k, {10000, 20000});
+  REQUIRE(k.size() == 3);
+  CHECK(k[0].name == "fwd");
+  CHECK(k[0].step == 0);
+  CHECK(k[1].name == "upd");
+  CHECK(k[1].step == 1);
+  CHECK(k[2].name == "end");
+  CHECK(k[2].step == 1);  // ending exactly at the step's end
+  std::vector<TracedKernel> none = {{"x", -1, 7, 5, 6}};
+  trainer::assign_steps(none, {});
+  CHECK(none.empty());
+}
+
+TEST_CASE("kernel trace: names as logs show them", "[kernel_trace]") {
+  CHECK(trainer::kernel_display_name("_ZN7trainer4cuda12_GLOBAL__N_111rope_kernelIfLi8EEEvPT_i") ==
+        "trainer::cuda::rope_kernel<float, 8>");
+  CHECK(trainer::kernel_display_name("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") ==
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT");
+}
+
 TEST_CASE("kernel trace: the longest idle gaps and the kernels around them", "[kernel_trace]") {
   std::vector<TracedKernel> k = made_up();
   k.push_back({"E", 0, 7, 9000, 9500});  // a 2000 ns gap after C
@@ -82,6 +111,10 @@ TEST_CASE("kernel trace: the Chrome trace and the CSV", "[kernel_trace]") {
           .string();
   std::vector<TracedKernel> k = made_up();
   k[2].name = "name \"with\" quotes, and a comma";
+  for (TracedKernel& x : k) {  // CUPTI's clock: nanoseconds since 1970
+    x.start_ns += 1795651637297170000ull;
+    x.end_ns += 1795651637297170000ull;
+  }
   trainer::write_kernel_trace(prefix, k);
   std::ifstream js(prefix + ".json");
   REQUIRE(js);
@@ -102,8 +135,9 @@ TEST_CASE("kernel trace: the Chrome trace and the CSV", "[kernel_trace]") {
   for (std::string line; std::getline(csv, line);) lines.push_back(line);
   REQUIRE(lines.size() == k.size() + 1);
   CHECK(lines[0] == "step,stream,start_us,duration_us,kernel");
-  CHECK(lines[1] == "0,7,0,2,\"A\"");
-  CHECK(lines[4] == "0,7,5,1,\"name 'with' quotes, and a comma\"");
+  CHECK(lines[1] == "0,7,0.000,2.000,\"A\"");
+  CHECK(lines[4] == "0,7,5.000,1.000,\"name 'with' quotes, and a comma\"");
+  CHECK(lines[5] == "1,7,19.000,0.500,\"A\"");
   // An unwritable prefix is a usage error naming the file.
   CHECK_THROWS_AS(trainer::write_kernel_trace("/nonexistent-dir/x", k), trainer::UsageError);
   std::filesystem::remove(prefix + ".json");
