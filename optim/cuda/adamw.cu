@@ -189,6 +189,17 @@ __global__ void adamw_scalar_kernel(float* master, S* m, S* v, Grad g, OutT* out
   store1(out, i, p);
 }
 
+// The kernels of the side streams (the norm's sums beside backward, AdamW beside forward) use no
+// shared memory and ask for the largest L1 instead (carveout 0). With the default carveout they
+// slowed the GEMMs they ran beside: on one H200, small at 4 x 512 took 5.29-5.33 ms a step with
+// the default and 5.14-5.16 ms with this (one backward GEMM of the norm's span went from 609 to
+// 419 us a step, the sums from 707 to 517 us); xl 62.7-62.9 -> 62.4 ms, medium 14.6 -> 14.4-14.5
+// ms (docs/results/log.md). Set once per kernel, before its first launch.
+template <typename Kernel>
+void prefer_l1(Kernel* kernel) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 0));
+}
+
 // Blocks of kThreads covering `items` threads' work.
 unsigned blocks_for(int64_t items) {
   const int64_t b = (items + kThreads - 1) / kThreads;
@@ -199,6 +210,9 @@ unsigned blocks_for(int64_t items) {
 template <typename OutT, typename Grad, typename S>
 void launch_adamw(float* master, S* m, S* v, const Grad& g, OutT* out, int64_t n,
                   const StepArgsRef& a, cudaStream_t stream) {
+  static const bool carveout = (prefer_l1(adamw_vec4_kernel<OutT, Grad, S>),
+                                prefer_l1(adamw_scalar_kernel<OutT, Grad, S>), true);
+  (void)carveout;
   const bool vec = aligned(master, 16) && aligned(m, 4 * sizeof(S)) && aligned(v, 4 * sizeof(S)) &&
                    g.vec_ok() && aligned(out, 4 * sizeof(OutT));
   if (vec) {
@@ -354,6 +368,9 @@ namespace {
 // Stage 1 of the sum of squares of x[0, n): `blocks` partials into partials[0, blocks) on `s`.
 template <typename Grad>
 void launch_partials(const Grad& x, int64_t n, int blocks, double* partials, cudaStream_t s) {
+  static const bool carveout = (prefer_l1(sum_squares_partials_kernel<true, Grad>),
+                                prefer_l1(sum_squares_partials_kernel<false, Grad>), true);
+  (void)carveout;
   if (x.vec_ok()) {
     sum_squares_partials_kernel<true><<<blocks, kThreads, 0, s>>>(x, n, partials);
     CUDA_CHECK_LAUNCH("sum_squares_partials_kernel<vec4>");
