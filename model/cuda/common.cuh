@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "core/buffer.h"
 #include "core/cuda_check.h"
@@ -21,6 +22,45 @@ namespace trainer::cuda {
 constexpr int kWarp = 32;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---- programmatic dependent launch (compute capability 9.0 and later) ----
+// launch_dependent() lets a kernel's blocks be scheduled while the kernel before it on the stream
+// is finishing (cudaLaunchAttributeProgrammaticStreamSerialization). Such a kernel begins with
+// wait_for_prior_grid(), which returns once the prior kernel has completed and its writes are
+// visible, so it reads and writes nothing earlier; what it saves is the launch latency between the
+// two (on an H200, a cuBLASLt GEMM followed by RMSNorm: 6.5 -> 5.0 us). Launched the usual way, or
+// on an older GPU, the wait returns at once.
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+inline bool dependent_launch_supported() {
+  static const bool supported = [] {
+    int device = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major >= 9;
+  }();
+  return supported;
+}
+
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = dependent_launch_supported() ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
 
 // The DType of an element type of the model's kernels.
 template <typename T>

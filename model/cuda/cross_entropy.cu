@@ -85,6 +85,7 @@ template <typename T, int kV, bool kGrad>
 __global__ void cross_entropy_kernel(T* logits, int64_t ld, const int32_t* __restrict__ targets,
                                      float* __restrict__ losses, double* loss_sum,
                                      unsigned* counter, int64_t n, int V, float scale) {
+  wait_for_prior_grid();  // launched dependent on the kernel before it (common.cuh)
   __shared__ float sm[kWarp + 1], ss[kWarp + 1];
   __shared__ double sd[32];
   __shared__ bool last;
@@ -149,12 +150,13 @@ void launch(T* logits, int64_t ld, const int32_t* targets, float* losses, double
   const int threads = V >= 16384 ? 512 : (V >= 1024 ? 256 : 128);
   const int Vi = static_cast<int>(V);
   if (vector_width<T>({logits}, {ld}) == kPack<T>)
-    cross_entropy_kernel<T, kPack<T>, kGrad><<<static_cast<unsigned>(n), threads, 0, stream>>>(
-        logits, ld, targets, losses, loss_sum, counter, n, Vi, scale);
+    launch_dependent(cross_entropy_kernel<T, kPack<T>, kGrad>, dim3(static_cast<unsigned>(n)),
+                     dim3(threads), 0, stream, logits, ld, targets, losses, loss_sum, counter, n,
+                     Vi, scale);
   else
-    cross_entropy_kernel<T, 1, kGrad><<<static_cast<unsigned>(n), threads, 0, stream>>>(
-        logits, ld, targets, losses, loss_sum, counter, n, Vi, scale);
-  CUDA_CHECK_LAUNCH("cross_entropy_kernel");
+    launch_dependent(cross_entropy_kernel<T, 1, kGrad>, dim3(static_cast<unsigned>(n)),
+                     dim3(threads), 0, stream, logits, ld, targets, losses, loss_sum, counter, n,
+                     Vi, scale);
 }
 
 }  // namespace

@@ -368,6 +368,7 @@ __global__ void __launch_bounds__(DotConfig<D>::kThreads)
     flash_bwd_dot_do_o_kernel(const bf16* __restrict__ o, const bf16* __restrict__ dout,
                               float* __restrict__ dsum, float* __restrict__ dq_acc, int B, int T,
                               int H) {
+  wait_for_prior_grid();  // launched dependent on the kernel before it (common.cuh)
   constexpr int C = DotConfig<D>::kChunks;
   constexpr int R = DotConfig<D>::kRows;
   __shared__ float partial[R * C];
@@ -717,6 +718,7 @@ template <int D>
 __global__ void flash_bwd_convert_dq_kernel(const float* __restrict__ acc, bf16* __restrict__ dq,
                                             int64_t n8, int64_t row_elems, int64_t ld_dq,
                                             float scale, const float2* __restrict__ rope, int T) {
+  wait_for_prior_grid();  // launched dependent on the kernel before it (common.cuh)
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n8) return;
   const int64_t row = 8 * i / row_elems;
@@ -763,9 +765,8 @@ void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, i
   {
     using Dot = DotConfig<D>;
     const auto blocks = static_cast<unsigned>((rows + Dot::kRows - 1) / Dot::kRows);
-    flash_bwd_dot_do_o_kernel<D>
-        <<<blocks, Dot::kThreads, 0, stream>>>(o, p.dout, dsum, p.dq_acc, B, p.T, p.H);
-    CUDA_CHECK_LAUNCH("flash_bwd_dot_do_o_kernel");
+    launch_dependent(flash_bwd_dot_do_o_kernel<D>, dim3(blocks), dim3(Dot::kThreads), 0, stream, o,
+                     p.dout, dsum, p.dq_acc, B, p.T, p.H);
   }
   if (wgmma) {
     flash_wgmma_backward_main(p, B, D, stream);
@@ -777,9 +778,8 @@ void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, i
     constexpr int kThreads = 256;
     const int64_t n8 = elems / 8;
     const auto blocks = static_cast<unsigned>((n8 + kThreads - 1) / kThreads);
-    flash_bwd_convert_dq_kernel<D><<<blocks, kThreads, 0, stream>>>(
-        p.dq_acc, dq, n8, static_cast<int64_t>(p.H) * D, ld_dq, p.scale, p.rope, p.T);
-    CUDA_CHECK_LAUNCH("flash_bwd_convert_dq_kernel");
+    launch_dependent(flash_bwd_convert_dq_kernel<D>, dim3(blocks), dim3(kThreads), 0, stream,
+                     p.dq_acc, dq, n8, static_cast<int64_t>(p.H) * D, ld_dq, p.scale, p.rope, p.T);
   }
 }
 

@@ -29,6 +29,7 @@ template <typename T, int kV>
 __global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                        T* __restrict__ y, float* __restrict__ rstd, int64_t n,
                                        int d, float eps) {
+  wait_for_prior_grid();  // launched dependent on the kernel before it (common.cuh)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= n) return;  // whole warps leave together
@@ -178,6 +179,7 @@ __global__ void __launch_bounds__(kFusedThreads)
                                   const float* __restrict__ rstd, const T* __restrict__ dy,
                                   T* __restrict__ dx, bool accumulate, int64_t n, int d,
                                   int64_t rows_per_block, float* __restrict__ partial) {
+  wait_for_prior_grid();  // launched dependent on the kernel before it (common.cuh)
   static_assert(kV % 4 == 0, "prod is written in 16-byte stores");
   extern __shared__ __align__(16) float smem[];
   float* prod = smem;
@@ -224,6 +226,7 @@ __global__ void __launch_bounds__(kFusedThreads)
 template <typename DW>
 __global__ void rmsnorm_dw_finish_kernel(const float* __restrict__ partial, DW* __restrict__ dw,
                                          bool accumulate, int blocks, int d) {
+  wait_for_prior_grid();  // launched dependent on the kernel before it (common.cuh)
   __shared__ float red[kWarp][kWarp + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int c = blockIdx.x * kWarp + tx;
@@ -250,10 +253,11 @@ void forward_impl(const T* x, const T* w, T* y, float* rstd, int64_t n, int64_t 
   const int64_t blocks = ceil_div(n, rows_per_block);
   const int di = static_cast<int>(d);
   if (vector_width<T>({x, w, y}, {d}) == kPack<T>)
-    rmsnorm_forward_kernel<T, kPack<T>><<<blocks, threads, 0, stream>>>(x, w, y, rstd, n, di, eps);
+    launch_dependent(rmsnorm_forward_kernel<T, kPack<T>>, dim3(blocks), dim3(threads), 0, stream, x,
+                     w, y, rstd, n, di, eps);
   else
-    rmsnorm_forward_kernel<T, 1><<<blocks, threads, 0, stream>>>(x, w, y, rstd, n, di, eps);
-  CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
+    launch_dependent(rmsnorm_forward_kernel<T, 1>, dim3(blocks), dim3(threads), 0, stream, x, w, y,
+                     rstd, n, di, eps);
 }
 
 template <typename T, int kV, typename DW>
@@ -288,12 +292,10 @@ void launch_fused(const T* x, const T* w, const float* rstd, const T* dy, T* dx,
   ensure_smem_limit(rmsnorm_backward_fused_kernel<T, kV>, static_cast<int>(kMaxFusedSmem),
                     configured);
   const int di = static_cast<int>(d);
-  rmsnorm_backward_fused_kernel<T, kV><<<blocks, kFusedThreads, bytes, stream>>>(
-      x, w, rstd, dy, dx, accumulate, n, di, rows_per_block, s.partial);
-  CUDA_CHECK_LAUNCH("rmsnorm_backward_fused_kernel");
-  rmsnorm_dw_finish_kernel<DW><<<ceil_div(d, kWarp), dim3(kWarp, kWarp), 0, stream>>>(
-      s.partial, dw, accumulate_dw, static_cast<int>(blocks), di);
-  CUDA_CHECK_LAUNCH("rmsnorm_dw_finish_kernel");
+  launch_dependent(rmsnorm_backward_fused_kernel<T, kV>, dim3(blocks), dim3(kFusedThreads), bytes,
+                   stream, x, w, rstd, dy, dx, accumulate, n, di, rows_per_block, s.partial);
+  launch_dependent(rmsnorm_dw_finish_kernel<DW>, dim3(ceil_div(d, kWarp)), dim3(kWarp, kWarp), 0,
+                   stream, s.partial, dw, accumulate_dw, static_cast<int>(blocks), di);
 }
 
 template <typename T, typename DW>

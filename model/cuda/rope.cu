@@ -18,6 +18,7 @@ template <typename T, int kV, int kRows>
 __global__ void rope_kernel(RopeJobs<T> jobs, bool in_head_major, int64_t ld_in,
                             bool out_head_major, int64_t ld_out, int64_t n, int T_, int H, int dh,
                             const float2* __restrict__ table, bool inverse) {
+  wait_for_prior_grid();  // launched dependent on the kernel before it (common.cuh)
   // Constant indices only: indexing the parameter arrays with blockIdx.z would copy them to
   // local memory in every thread.
   const int job = blockIdx.z;
@@ -99,12 +100,11 @@ void rope_impl(const RopeJobs<T>& jobs, QkvLayout in_layout, int64_t ld_in, QkvL
   const auto* t2 = reinterpret_cast<const float2*>(table);
   const int Ti = static_cast<int>(T_), Hi = static_cast<int>(H), dhi = static_cast<int>(dh);
   if (wide)
-    rope_kernel<T, kPack<T>, kRows><<<grid, block, 0, stream>>>(jobs, in_hm, ld_in, out_hm, ld_out,
-                                                                n, Ti, Hi, dhi, t2, inverse);
+    launch_dependent(rope_kernel<T, kPack<T>, kRows>, grid, block, 0, stream, jobs, in_hm, ld_in,
+                     out_hm, ld_out, n, Ti, Hi, dhi, t2, inverse);
   else
-    rope_kernel<T, 2, kRows><<<grid, block, 0, stream>>>(jobs, in_hm, ld_in, out_hm, ld_out, n, Ti,
-                                                         Hi, dhi, t2, inverse);
-  CUDA_CHECK_LAUNCH("rope_kernel");
+    launch_dependent(rope_kernel<T, 2, kRows>, grid, block, 0, stream, jobs, in_hm, ld_in, out_hm,
+                     ld_out, n, Ti, Hi, dhi, t2, inverse);
 }
 
 template <typename T>

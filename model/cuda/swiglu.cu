@@ -12,6 +12,7 @@ template <typename T, int kV>
 __global__ void swiglu_forward_kernel(const T* __restrict__ a, const T* __restrict__ b,
                                       int64_t ld_ab, T* __restrict__ out, int64_t rows,
                                       int64_t cols) {
+  wait_for_prior_grid();  // launched dependent on the kernel before it (common.cuh)
   const int64_t chunks = cols / kV;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= rows * chunks) return;
@@ -33,6 +34,7 @@ template <typename T, int kV>
 __global__ void swiglu_backward_kernel(const T* a, const T* b, int64_t ld_ab,
                                        const T* __restrict__ dout, T* da, T* db, int64_t ld_d,
                                        int64_t rows, int64_t cols) {
+  wait_for_prior_grid();  // launched dependent on the kernel before it (common.cuh)
   const int64_t chunks = cols / kV;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= rows * chunks) return;
@@ -64,11 +66,11 @@ void forward_impl(const T* a, const T* b, int64_t ld_ab, T* out, int64_t rows, i
   const int threads = 256;
   const int64_t blocks = ceil_div(rows * (cols / vec), threads);
   if (vec == kPack<T>)
-    swiglu_forward_kernel<T, kPack<T>>
-        <<<blocks, threads, 0, stream>>>(a, b, ld_ab, out, rows, cols);
+    launch_dependent(swiglu_forward_kernel<T, kPack<T>>, dim3(blocks), dim3(threads), 0, stream, a,
+                     b, ld_ab, out, rows, cols);
   else
-    swiglu_forward_kernel<T, 1><<<blocks, threads, 0, stream>>>(a, b, ld_ab, out, rows, cols);
-  CUDA_CHECK_LAUNCH("swiglu_forward_kernel");
+    launch_dependent(swiglu_forward_kernel<T, 1>, dim3(blocks), dim3(threads), 0, stream, a, b,
+                     ld_ab, out, rows, cols);
 }
 
 template <typename T>
@@ -82,12 +84,11 @@ void backward_impl(const T* a, const T* b, int64_t ld_ab, const T* dout, T* da, 
   const int threads = 256;
   const int64_t blocks = ceil_div(rows * (cols / vec), threads);
   if (vec == kPack<T>)
-    swiglu_backward_kernel<T, kPack<T>>
-        <<<blocks, threads, 0, stream>>>(a, b, ld_ab, dout, da, db, ld_d, rows, cols);
+    launch_dependent(swiglu_backward_kernel<T, kPack<T>>, dim3(blocks), dim3(threads), 0, stream, a,
+                     b, ld_ab, dout, da, db, ld_d, rows, cols);
   else
-    swiglu_backward_kernel<T, 1>
-        <<<blocks, threads, 0, stream>>>(a, b, ld_ab, dout, da, db, ld_d, rows, cols);
-  CUDA_CHECK_LAUNCH("swiglu_backward_kernel");
+    launch_dependent(swiglu_backward_kernel<T, 1>, dim3(blocks), dim3(threads), 0, stream, a, b,
+                     ld_ab, dout, da, db, ld_d, rows, cols);
 }
 
 }  // namespace
