@@ -6,9 +6,10 @@
 #
 # CELL is model:batch:ctx:torch_mode[:trainer flags], torch_mode one of launch/torch_step_bench.py's
 # (eager, compile, reduce-overhead). Without cells: the issue's three, plus 2.7B with
-# --update-sms 32. Order: ours on every cell, PyTorch once per distinct (model, batch, ctx, mode),
-# ours again, so that drift shows as a spread between ours' two runs. Then
-# launch/side_by_side.py OUT_DIR prints the table.
+# --update-sms 0 (every SM to forward's GEMMs; the default, auto, leaves 24 to the update there).
+# Order: ours on every cell, PyTorch once per distinct (model, batch, ctx, mode), ours again, so
+# that drift shows as a spread between ours' two runs. Then launch/side_by_side.py OUT_DIR prints
+# the table.
 #
 # Env: DEVICE (cuda), WARMUP (5), STEPS (20, ours; PyTorch takes 15 after 5 as ANCHORS.md did),
 # PASSES (2; 1 runs ours only before PyTorch, when device time is short),
@@ -25,7 +26,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cells=("$@")
 if [[ ${#cells[@]} -eq 0 ]]; then
   cells=("small:4:512:reduce-overhead" "small:16:1024:compile" "2.7B:4:512:compile"
-         "2.7B:4:512:compile:--update-sms 32")
+         "2.7B:4:512:compile:--update-sms 0")
 fi
 [[ ${PASSES:-2} =~ ^[12]$ ]] || { echo "side_by_side.sh: PASSES must be 1 or 2" >&2; exit 2; }
 device=${DEVICE:-cuda}

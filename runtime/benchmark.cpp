@@ -213,7 +213,7 @@ void Run::benchmark(TrainResult& result) {
         o_.comm_sms, tc.mean, nccl_env_field(), host_count(places_), o_.recompute,
         floors.forward_ms(), floors.backward_ms(), floors.optimizer_ms, floors.gemm_forward_ms,
         floors.gemm_backward_ms, floors.copy_gb_s, o_.cuda_graph ? 1 : 0, o_.adam_state, lane_ms,
-        overlap_update_ ? 1 : 0, overlap_update_ ? o_.update_sms : 0);
+        overlap_update_ ? 1 : 0, update_sms_);
     append_csv_row(o_.csv, kCsvHeader, row);
   }
 }

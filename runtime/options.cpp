@@ -33,6 +33,18 @@ Precision Options::precision_kind() const {
   return device_kind() == DeviceKind::kCuda ? Precision::kBf16 : Precision::kFp32;
 }
 
+int Options::update_sms_for(bool update_beside_forward, int64_t parameters) const {
+  if (update_sms == "auto") return update_beside_forward && parameters >= 1'500'000'000 ? 24 : 0;
+  const auto n = parse_decimal(update_sms, 64);
+  if (!n) usage_error("--update-sms must be auto or a number in [0, 64] (got '{}')", update_sms);
+  if (*n > 0 && !update_beside_forward)
+    usage_error(
+        "--update-sms {} needs the update beside forward, which this run does not use (one GPU, "
+        "no --cuda-graph, --overlap-update auto or on)",
+        *n);
+  return update_beside_forward ? static_cast<int>(*n) : 0;
+}
+
 Options parse_options(int argc, char** argv) {
   Options o;
   for (int i = 0; i < argc; ++i) o.argv.emplace_back(argv[i]);
@@ -124,9 +136,10 @@ Options parse_options(int argc, char** argv) {
                  "waits for each part of the parameters only where it first reads it (one GPU "
                  "without --cuda-graph; the same numbers; auto: on where it applies)");
   app.add_option("--update-sms", o.update_sms,
-                 "with the update beside forward: forward's GEMMs are planned for this many SMs "
+                 "auto | N: with the update beside forward, forward's GEMMs are planned for N SMs "
                  "fewer than the GPU has while the update runs, leaving those SMs to it (0 = "
-                 "every SM to the GEMMs)");
+                 "every SM to the GEMMs; auto: 24 for models of 1.5 B parameters or more, else "
+                 "0)");
   app.add_option("--ddp", o.ddp, "none | naive | flat | overlap | bucketed");
   app.add_option(
       "--bucket-mb", o.bucket_mb,
@@ -233,8 +246,8 @@ void validate_options(const Options& o) {
         "fp32 sums by copy engines with --grad-reduce fp32)");
   if (o.comm_sms < 0 || o.comm_sms > 64)
     usage_error("--comm-sms must lie in [0, 64] (got {})", o.comm_sms);
-  if (o.update_sms < 0 || o.update_sms > 64)
-    usage_error("--update-sms must lie in [0, 64] (got {})", o.update_sms);
+  if (o.update_sms != "auto" && !parse_decimal(o.update_sms, 64))
+    usage_error("--update-sms must be auto or a number in [0, 64] (got '{}')", o.update_sms);
   if (!(o.time_limit_min >= 0) || !std::isfinite(o.time_limit_min))
     usage_error("--time-limit must be a finite number of minutes >= 0 (got {})", o.time_limit_min);
   if (!(o.comm_timeout > 0))

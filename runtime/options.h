@@ -49,7 +49,9 @@ struct Options {
   // forward, which waits for each part of the update only where it first reads it. auto | on | off
   // (auto: on where it applies).
   std::string overlap_update = "auto";
-  int update_sms = 0;  // SMs forward's GEMMs leave to the update beside them (0 = every SM theirs)
+  // SMs forward's GEMMs leave to the update beside them: auto | N in [0, 64] (0 = every SM theirs;
+  // auto: update_sms_for(), below).
+  std::string update_sms = "auto";
   std::string ddp = "bucketed";
   double bucket_mb = 25;
   bool shard_optim = false;
@@ -92,6 +94,11 @@ struct Options {
   LossScaleConfig loss_scaling() const {
     return parse_loss_scale(loss_scale, loss_scale_window, precision == "fp16");
   }
+  // SMs forward's GEMMs leave to an update running beside them (0 where none does). auto: 24 for
+  // models of at least 1.5 B parameters, whose update stays exposed after forward otherwise
+  // (measured on H100 and H200: docs/performance.md), 0 for smaller ones, where the GEMMs lose
+  // more than the update gains. Throws UsageError for a number beside no update.
+  int update_sms_for(bool update_beside_forward, int64_t parameters) const;
 };
 
 // Parses argv; throws UsageError on any bad flag or value. With `--help` it returns at once with

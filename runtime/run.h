@@ -210,6 +210,7 @@ class Run {
   // --overlap-update: the last update's parts still to be waited for by the next forward (the end
   // of each part's range, and its mark on the update lane).
   bool overlap_update_ = false;
+  int update_sms_ = 0;  // SMs forward's GEMMs leave to the update beside them (--update-sms)
   struct PendingPart {
     int64_t end;
     int mark;

@@ -177,11 +177,7 @@ int Run::check_inputs() {
           "--cuda-graph runs on one rank so far (world is {}): the gradient collectives of "
           "several ranks are not recorded into the graph",
           nranks_);
-    if (o_.update_sms > 0 && !update_beside_forward())
-      usage_error(
-          "--update-sms {} needs the update beside forward, which this run does not use (one GPU, "
-          "no --cuda-graph, --overlap-update auto or on)",
-          o_.update_sms);
+    o_.update_sms_for(update_beside_forward(), 0);  // refuses a number beside no update
     if (o_.overlap_update == "on") {
       if (device_ == DeviceKind::kCpu)
         usage_error("--overlap-update on needs --device cuda (the CPU backend has no streams)");
@@ -359,7 +355,8 @@ void Run::build(int gpu) {
   ro.recompute = parse_recompute(o_.recompute);
   if (o_.cuda_graph) ro.graph_slots = static_cast<int>(o_.grad_accum);
   ro.urgent_stream = overlap_update_;
-  ro.update_sms = overlap_update_ ? o_.update_sms : 0;
+  update_sms_ = o_.update_sms_for(overlap_update_, layout_.total());
+  ro.update_sms = update_sms_;
   ro.optimizer_elems = owned_.size();
   ro.optimizer_bytes_per_elem = AdamW::state_bytes_per_elem(o_.adamw().moments);
   grad_copies_ = device_ == DeviceKind::kCuda && nranks_ > 1 && o_.grad_transport == "ce" &&
@@ -512,14 +509,19 @@ void Run::log_run() {
     std::string per_rank;
     for (size_t r = 0; r < opt_bytes.size(); ++r)
       per_rank += fmt::format("{}rank {}: {}", r ? ", " : "", r, mib(opt_bytes[r]));
-    spdlog::info("optimizer state (fp32 master + {}m + v = {} B/param{}): {}{}",
-                 o_.adamw().moments == DType::kBF16 ? "bf16 " : "",
-                 AdamW::state_bytes_per_elem(o_.adamw().moments),
-                 shards_ ? fmt::format(" / {} ranks, ZeRO-1", nranks_) : std::string(", unsharded"),
-                 per_rank,
-                 overlap_update_ ? fmt::format(" | update beside the next forward in {} parts",
-                                               update_parts_.size())
-                                 : "");
+    spdlog::info(
+        "optimizer state (fp32 master + {}m + v = {} B/param{}): {}{}",
+        o_.adamw().moments == DType::kBF16 ? "bf16 " : "",
+        AdamW::state_bytes_per_elem(o_.adamw().moments),
+        shards_ ? fmt::format(" / {} ranks, ZeRO-1", nranks_) : std::string(", unsharded"),
+        per_rank,
+        overlap_update_
+            ? fmt::format(" | update beside the next forward in {} parts{}", update_parts_.size(),
+                          update_sms_ > 0 ? fmt::format(", its GEMMs leaving {} SMs to it "
+                                                        "(--update-sms)",
+                                                        update_sms_)
+                                          : std::string())
+            : "");
     spdlog::info("gradient sync: --ddp {}{} | {}", sync_strategy_name(strategy),
                  shards_        ? " + reduce-scatter (ZeRO-1)"
                  : grad_copies_ ? " + whole bf16 copies by copy engines, added in the update"

@@ -78,7 +78,8 @@ expect 2 "--cuda-graph needs --device cuda" "$trainer" "${small[@]}" "${data[@]}
 expect 2 "--adam-state 'fp16' is not fp32 or bf16" "$trainer" "${small[@]}" "${data[@]}" --adam-state fp16
 expect 2 "--overlap-update 'yes' is not auto, on or off" "$trainer" "${small[@]}" "${data[@]}" --overlap-update yes
 expect 2 "--overlap-update on needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --overlap-update on
-expect 2 "--update-sms must lie in \\[0, 64\\]" "$trainer" "${small[@]}" "${data[@]}" --update-sms 65
+expect 2 "--update-sms must be auto or a number in \\[0, 64\\] \\(got '65'\\)" "$trainer" "${small[@]}" "${data[@]}" --update-sms 65
+expect 2 "--update-sms must be auto or a number in \\[0, 64\\] \\(got 'most'\\)" "$trainer" "${small[@]}" "${data[@]}" --update-sms most
 expect 2 "--update-sms 8 needs the update beside forward" "$trainer" "${small[@]}" "${data[@]}" --update-sms 8
 expect 2 "--cuda-graph needs --device cuda \\(--device auto, which found no GPU\\)" \
   env CUDA_VISIBLE_DEVICES= "$trainer" "${small[@]:2}" "${data[@]}" --cuda-graph

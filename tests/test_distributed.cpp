@@ -164,6 +164,26 @@ void check_identical(const TrainResult& b, const TrainResult& a) {
 
 }  // namespace
 
+// --update-sms auto leaves SMs to the update only for models whose update stays exposed after
+// forward (1.5 B parameters and more); a number is taken as given, and refused beside no update.
+TEST_CASE("--update-sms: auto by model size, numbers as given") {
+  const int64_t xl = 1'998'000'000, large = 774'000'000;
+  CHECK(make_options({}).update_sms == "auto");
+  CHECK(make_options({}).update_sms_for(true, xl) == 24);
+  CHECK(make_options({}).update_sms_for(true, 1'500'000'000) == 24);
+  CHECK(make_options({}).update_sms_for(true, large) == 0);
+  CHECK(make_options({}).update_sms_for(false, xl) == 0);
+  CHECK(make_options({"--update-sms", "40"}).update_sms_for(true, large) == 40);
+  CHECK(make_options({"--update-sms", "0"}).update_sms_for(true, xl) == 0);
+  CHECK(make_options({"--update-sms", "0"}).update_sms_for(false, xl) == 0);
+  REQUIRE_THROWS_WITH(make_options({"--update-sms", "8"}).update_sms_for(false, xl),
+                      ContainsSubstring("--update-sms 8 needs the update beside forward"));
+  REQUIRE_THROWS_WITH(make_options({"--update-sms", "65"}),
+                      ContainsSubstring("--update-sms must be auto or a number in [0, 64]"));
+  REQUIRE_THROWS_WITH(make_options({"--update-sms", "-1"}),
+                      ContainsSubstring("--update-sms must be auto or a number in [0, 64]"));
+}
+
 TEST_CASE("every strategy, sharded or not, with or without grad-accum, equals one process",
           "[equivalence]") {
   spdlog::set_level(spdlog::level::err);
