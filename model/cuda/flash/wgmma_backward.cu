@@ -112,9 +112,9 @@ struct ConfigBase {
   // dQ split: true = warpgroups take 64 query rows each (dS^T panel w, all dh = 64 columns);
   // false = warpgroups take 64 dh columns each (K panel w, all BM = 64 queries).
   static constexpr bool kDqSplitRows = kBlockM == 128;
-  // Register-lean order of the per-tile work (see the kernel): dP^T is issued only after P^T was
-  // packed to bf16 (no S^T / dP^T overlap), and dS^T uses that bf16 copy of P^T. Needed at
-  // BM = 128 to stay within the consumers' registers.
+  // Register-lean order of the per-tile work (see the kernel): the fp32 P^T dies once packed to
+  // bf16, dS^T uses that bf16 copy, and dV is issued with dK. Needed at BM = 128 to stay within
+  // the consumers' registers beside dP^T, which runs while P^T is computed.
   static constexpr bool kEarlyP = kBlockM == 128;
   static_assert(kHeadDim % 16 == 0 && kBlockM % 64 == 0, "whole k-chunks, whole query panels");
   static_assert(kDqSplitRows ? (kHeadDim == 64) : (kBlockM == 64 && kPanels == 2),
@@ -362,14 +362,10 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
       wg::fence();
       wg::ss_kmajor<kKD, BN, BM, BM>(s, desc_k, wg::desc_advance(desc_q, q_off));
       wg::commit_group();
-      if constexpr (!Cfg::kEarlyP) {
-        // dP^T = V dO^T in its own group, running while P^T is computed.
-        issue_dp(dp, q_off);
-        wg::commit_group();
-        wg::wait_group<1>();
-      } else {
-        wg::wait_group<0>();
-      }
+      // dP^T = V dO^T in its own group, running while P^T is computed.
+      issue_dp(dp, q_off);
+      wg::commit_group();
+      wg::wait_group<1>();
       wg::fence_operands(s);
 
       // P^T. Accumulator element s[4i + e] is key key_l + 8 (e >> 1), query m0 + 8i + 2t + (e & 1)
@@ -407,17 +403,14 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
         for (int j = 0; j < 4; ++j) pa[kk][j] = pack_bf16(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
 
       if constexpr (Cfg::kEarlyP) {
-        // Register-lean order (dh 64): the fp32 P^T dies here, then dP^T = V dO^T. (dV is issued
-        // with dK below, not now: dS^T reads the bf16 P^T registers, and the A registers of an
-        // in-flight wgmma must not be accessed.)
+        // Register-lean order (dh 64): the fp32 P^T dies here. (dV is issued with dK below, not
+        // now: dS^T reads the bf16 P^T registers, and the A registers of an in-flight wgmma must
+        // not be accessed.)
 #pragma unroll
         for (int kk = 0; kk < kKM; ++kk)
 #pragma unroll
           for (int j = 0; j < 4; ++j) wg::fence_operand(pa[kk][j]);
-        wg::fence();
-        issue_dp(dp, q_off);
-        wg::commit_group();
-        wg::wait_group<0>();
+        wg::wait_group<0>();  // dP^T done
       } else {
         // Default order (dh 128): dS^T uses the fp32 P^T, so the bf16 copy is free to feed
         // dV += P^T dO right away; it runs while dS^T is computed. Groups in flight: dP^T, dV.
