@@ -113,8 +113,8 @@ struct ConfigBase {
   // false = warpgroups take 64 dh columns each (K panel w, all BM = 64 queries).
   static constexpr bool kDqSplitRows = kBlockM == 128;
   // Register-lean order of the per-tile work (see the kernel): the fp32 P^T dies once packed to
-  // bf16, dS^T uses that bf16 copy, and dV is issued with dK. Needed at BM = 128 to stay within
-  // the consumers' registers beside dP^T, which runs while P^T is computed.
+  // bf16 and dS^T uses that bf16 copy. Needed at BM = 128 to stay within the consumers' registers
+  // beside dP^T, which runs while P^T is computed.
   static constexpr bool kEarlyP = kBlockM == 128;
   static_assert(kHeadDim % 16 == 0 && kBlockM % 64 == 0, "whole k-chunks, whole query panels");
   static_assert(kDqSplitRows ? (kHeadDim == 64) : (kBlockM == 64 && kPanels == 2),
@@ -398,32 +398,19 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
       // of the chunk, exactly the A-from-registers layout of wgmma.cuh (same argument as the
       // forward's P). No data moves between threads.
 #pragma unroll
-      for (int kk = 0; kk < kKM; ++kk)
+      for (int kk = 0; kk < kKM; ++kk) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) pa[kk][j] = pack_bf16(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
-
-      if constexpr (Cfg::kEarlyP) {
-        // Register-lean order (dh 64): the fp32 P^T dies here. (dV is issued with dK below, not
-        // now: dS^T reads the bf16 P^T registers, and the A registers of an in-flight wgmma must
-        // not be accessed.)
-#pragma unroll
-        for (int kk = 0; kk < kKM; ++kk)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) wg::fence_operand(pa[kk][j]);
-        wg::wait_group<0>();  // dP^T done
-      } else {
-        // Default order (dh 128): dS^T uses the fp32 P^T, so the bf16 copy is free to feed
-        // dV += P^T dO right away; it runs while dS^T is computed. Groups in flight: dP^T, dV.
-#pragma unroll
-        for (int kk = 0; kk < kKM; ++kk)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) wg::fence_operand(pa[kk][j]);
-        wg::fence_operands(acc_dv);
-        wg::fence();
-        issue_dv(pa, q_off);
-        wg::commit_group();
-        wg::wait_group<1>();  // dP^T done
       }
+
+      // dV += P^T dO goes with dK below, in one group: issued here, in a group of its own, it made
+      // the kernel 25-35% slower at dh 64 and 1-3% slower at dh 128 (docs/results/log.md). In the
+      // register-lean order (dh 64) the fp32 P^T dies here and dS^T reads the bf16 copy.
+#pragma unroll
+      for (int kk = 0; kk < kKM; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wg::fence_operand(pa[kk][j]);
+      wg::wait_group<0>();  // dP^T done
       wg::fence_operands(dp);
 
       // dS^T = P^T o (dP^T - D), same element positions. In the register-lean order P^T is taken
@@ -475,11 +462,11 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
           wg::fence_operand(da[kk][j]);
         }
 
-      // dK += dS^T Q (and dV += P^T dO in the register-lean order).
+      // dV += P^T dO and dK += dS^T Q, one group.
       wg::fence_operands(acc_dk);
-      if constexpr (Cfg::kEarlyP) wg::fence_operands(acc_dv);
+      wg::fence_operands(acc_dv);
       wg::fence();
-      if constexpr (Cfg::kEarlyP) issue_dv(pa, q_off);
+      issue_dv(pa, q_off);
 #pragma unroll
       for (int kk = 0; kk < kKM; ++kk)
         MmaKV::rs_mn(acc_dk, da[kk],
