@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -33,16 +34,27 @@ Precision Options::precision_kind() const {
   return device_kind() == DeviceKind::kCuda ? Precision::kBf16 : Precision::kFp32;
 }
 
+namespace {
+
+// --update-sms as a number of SMs, nullopt for auto; UsageError for anything else.
+std::optional<int> parse_update_sms(const std::string& text) {
+  if (text == "auto") return std::nullopt;
+  const auto n = parse_decimal(text, 64);
+  if (!n) usage_error("--update-sms must be auto or a number in [0, 64] (got '{}')", text);
+  return static_cast<int>(*n);
+}
+
+}  // namespace
+
 int Options::update_sms_for(bool update_beside_forward, int64_t parameters) const {
-  if (update_sms == "auto") return update_beside_forward && parameters >= 1'500'000'000 ? 24 : 0;
-  const auto n = parse_decimal(update_sms, 64);
-  if (!n) usage_error("--update-sms must be auto or a number in [0, 64] (got '{}')", update_sms);
+  const std::optional<int> n = parse_update_sms(update_sms);
+  if (!n) return update_beside_forward && parameters >= 1'500'000'000 ? 24 : 0;
   if (*n > 0 && !update_beside_forward)
     usage_error(
         "--update-sms {} needs the update beside forward, which this run does not use (one GPU, "
         "no --cuda-graph, --overlap-update auto or on)",
         *n);
-  return update_beside_forward ? static_cast<int>(*n) : 0;
+  return update_beside_forward ? *n : 0;
 }
 
 Options parse_options(int argc, char** argv) {
@@ -246,8 +258,7 @@ void validate_options(const Options& o) {
         "fp32 sums by copy engines with --grad-reduce fp32)");
   if (o.comm_sms < 0 || o.comm_sms > 64)
     usage_error("--comm-sms must lie in [0, 64] (got {})", o.comm_sms);
-  if (o.update_sms != "auto" && !parse_decimal(o.update_sms, 64))
-    usage_error("--update-sms must be auto or a number in [0, 64] (got '{}')", o.update_sms);
+  parse_update_sms(o.update_sms);  // throws UsageError naming --update-sms
   if (!(o.time_limit_min >= 0) || !std::isfinite(o.time_limit_min))
     usage_error("--time-limit must be a finite number of minutes >= 0 (got {})", o.time_limit_min);
   if (!(o.comm_timeout > 0))

@@ -177,7 +177,7 @@ int Run::check_inputs() {
           "--cuda-graph runs on one rank so far (world is {}): the gradient collectives of "
           "several ranks are not recorded into the graph",
           nranks_);
-    o_.update_sms_for(update_beside_forward(), 0);  // refuses a number beside no update
+    update_sms_ = o_.update_sms_for(update_beside_forward(), layout_.total());
     if (o_.overlap_update == "on") {
       if (device_ == DeviceKind::kCpu)
         usage_error("--overlap-update on needs --device cuda (the CPU backend has no streams)");
@@ -355,8 +355,7 @@ void Run::build(int gpu) {
   ro.recompute = parse_recompute(o_.recompute);
   if (o_.cuda_graph) ro.graph_slots = static_cast<int>(o_.grad_accum);
   ro.urgent_stream = overlap_update_;
-  update_sms_ = o_.update_sms_for(overlap_update_, layout_.total());
-  ro.update_sms = update_sms_;
+  ro.update_sms = update_sms_;  // resolved in check_inputs()
   ro.optimizer_elems = owned_.size();
   ro.optimizer_bytes_per_elem = AdamW::state_bytes_per_elem(o_.adamw().moments);
   grad_copies_ = device_ == DeviceKind::kCuda && nranks_ > 1 && o_.grad_transport == "ce" &&
