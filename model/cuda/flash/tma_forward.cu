@@ -273,18 +273,11 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     }
   };
 
-  // Ping-pong (kPingPong): the two consumers take turns issuing their products, so that one's
-  // softmax runs while the other's products occupy the tensor cores. Named barrier 3 + w is
-  // warpgroup w's turn; the other warpgroup arrives on it after issuing. The turns run on from
-  // block to block (both warpgroups take the same number per block).
-  auto take_turn = [&] {
-    if constexpr (kPingPong) wg::named_barrier(3 + wgi, 256);
-  };
-  auto pass_turn = [&] {
-    if constexpr (kPingPong) wg::named_barrier_arrive(3 + (wgi ^ 1), 256);
-  };
-  if constexpr (kPingPong)
-    if (wgi == 1) wg::named_barrier_arrive(3, 256);  // warpgroup 0 goes first
+  // Ping-pong (kPingPong, named barriers 3 and 4): the two consumers take turns issuing their
+  // products. The turns run on from block to block (both warpgroups take the same number per
+  // block).
+  const wg::Turns<kPingPong> turns{wgi, 3};
+  turns.start();
 
   int kv = 0;  // K/V tiles passed through the rings so far (as the producer counts them)
   for (int blocks_done = 0;; ++blocks_done) {
@@ -303,9 +296,9 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     {
       const int sk = stage_of(kv);
       tma::wait(k_full(sk), parity_of(kv));
-      take_turn();
+      turns.take();
       issue_s(sk);
-      pass_turn();
+      turns.pass();
       wg::wait_group<0>();
       wg::fence_operands(s);
       tma::arrive(k_empty(sk));
@@ -328,11 +321,11 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
       const int sk = stage_of(kv + j);
       const int sv = stage_of(kv + j - 1);
       tma::wait(k_full(sk), parity_of(kv + j));
-      take_turn();
+      turns.take();
       issue_s(sk);
       tma::wait(v_full(sv), parity_of(kv + j - 1));
       issue_pv(sv);
-      pass_turn();
+      turns.pass();
       wg::wait_group<1>();  // S_j done, P_{j-1} V_{j-1} may still run
       wg::fence_operands(s);
       tma::arrive(k_empty(sk));
@@ -354,9 +347,9 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     {
       const int sv = stage_of(kv + n_tiles - 1);
       tma::wait(v_full(sv), parity_of(kv + n_tiles - 1));
-      take_turn();
+      turns.take();
       issue_pv(sv);
-      pass_turn();
+      turns.pass();
       wg::wait_group<0>();
       wg::fence_operands(acc_o);
       tma::arrive(v_empty(sv));
@@ -389,10 +382,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     bf16* o = p.f.o + (static_cast<int64_t>(it.b) * T + m0) * ld + static_cast<int64_t>(it.h) * D;
     wg::store_rows_sw128<BM, D>(o, ld, s_base_ptr + Cfg::kOffO, wgi * 64, T - m0, wtid);
   }
-  // Warpgroup 1's last pass of the turn has no taker left: warpgroup 0 takes it, so that the
-  // named barrier ends balanced.
-  if constexpr (kPingPong)
-    if (wgi == 0) wg::named_barrier(3, 256);
+  turns.finish();
 #else
   // Built for an architecture without TMA and wgmma: never launched.
   __trap();

@@ -99,6 +99,32 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Ping-pong turns of two consumer warpgroups (FlashAttention-3): each takes its turn before
+// issuing its products and passes it to the other after, so that one's element-wise work runs
+// while the other's products occupy the tensor cores. Named barrier first_id + w (256 threads) is
+// warpgroup w's turn; warpgroup 0 goes first. Both must take the same number of turns; finish()
+// then balances the barrier. With kOn false every call is a no-op.
+template <bool kOn>
+struct Turns {
+  int wg;        // this warpgroup: 0 or 1
+  int first_id;  // named barriers first_id and first_id + 1
+  __device__ __forceinline__ void start() const {
+    if constexpr (kOn)
+      if (wg == 1) named_barrier_arrive(first_id, 256);
+  }
+  __device__ __forceinline__ void take() const {
+    if constexpr (kOn) named_barrier(first_id + wg, 256);
+  }
+  __device__ __forceinline__ void pass() const {
+    if constexpr (kOn) named_barrier_arrive(first_id + (wg ^ 1), 256);
+  }
+  // Warpgroup 1's last pass has no taker left: warpgroup 0 takes it.
+  __device__ __forceinline__ void finish() const {
+    if constexpr (kOn)
+      if (wg == 0) named_barrier(first_id, 256);
+  }
+};
+
 // Moves registers between the warpgroups of a CTA (setmaxnreg): every thread of the warpgroup
 // executes it, and the CTA's total must stay within what it was launched with. ptxas allocates
 // the code after an increase with the new limit.

@@ -33,20 +33,29 @@
 //     and each warpgroup stages its fp32 share in shared memory, from where one thread adds it to
 //     dq_acc with a TMA reduction (cp.reduce.async.bulk.tensor, add): per-element atomics from
 //     every thread cost about 30% of the kernel at long T, the bulk reduction about 10%.
+//   * Head dims 80 and 128 (BM = 64) defer each tile's dQ product to the next tile's iteration
+//     (the block's last one after its loop), so the two warpgroups never wait for each other
+//     within a tile: dS^T has 3 buffers with "full" / "empty" mbarriers instead of the barrier
+//     before dQ, and the warpgroups take turns issuing S^T and dP^T (named barriers 4 and 5,
+//     ping-pong), so that one's exponentials and dS^T run while the other's products occupy the
+//     tensor cores. 1-4% faster than the barrier (docs/results/log.md); head dim 64 (BM = 128)
+//     has no room for a third dS^T buffer and keeps the barrier.
 //   * The dQ tile (BM x dh) is split so that each warpgroup does one m64n64 product over all 128
 //     keys: dh 128 (BM 64): warpgroup w takes dh columns [64w, 64w + 64) = K panel w (dh 80 the
 //     same, K's panel 1 zero beyond column 80, and warpgroup 1's columns >= 80 not written back);
 //     dh 64 (BM 128): warpgroup w takes queries [64w, 64w + 64) = dS^T panel w. Both halves need
 //     the dS^T of both warpgroups, hence the barrier (which also keeps the warpgroups within one
-//     tile of each other, so two dS^T buffers suffice).
+//     tile of each other, so two dS^T buffers suffice) or, deferred, the "full" mbarriers.
 //   * Tiles: dh 128 and 80 use BM = 64 (S^T and dP^T are 32 floats per thread each, dK + dV 128
 //     or 80); tiles of dh 80 are stored as two 64-column panels, the second zero beyond column 80;
 //     dh 64 uses BM = 128 (S^T, dP^T 64 each, dK + dV 64). Either way ~192 accumulator floats
-//     per thread at the peak; ptxas -v: nothing spilled.
+//     per thread at the peak; ptxas -v: head dim 128 (deferred) spills 40 bytes, the others
+//     nothing.
 //   * Shared memory (bf16 tiles SW128 in 64-column panels, 1024-byte aligned, see wgmma.cuh):
-//     K, V 128 x dh each; 2 stages of Q and dO (BM x dh); 2 dS^T buffers 128 x BM; 2 dQ shares
-//     64 x 64 fp32 (SW128 panels of 32 columns); 2 stages of lse, D; 6 mbarriers; the block
-//     index. dh 128: 193 KB + 1 KB alignment slack; dh 64: 194 KB + 1 KB.
+//     K, V 128 x dh each; 2 stages of Q and dO (BM x dh); 2 (deferred: 3) dS^T buffers 128 x BM; 2
+//     dQ shares 64 x 64 fp32 (SW128 panels of 32 columns); 2 stages of lse, D; 10 or 12 mbarriers;
+//     the block index. dh 128: 209 KB (3 dS^T buffers) + 1 KB alignment slack; dh 64: 194 KB + 1
+//     KB.
 //   * Epilogue per block: dK (scaled) and dV are staged as bf16 over the dS^T and dQ buffers (no
 //     longer read by the block; K and V are the next block's by then) and written out with
 //     16-byte stores, rows >= T skipped.
@@ -54,6 +63,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/error.h"
 #include "model/cuda/flash/launch.h"
@@ -74,12 +84,21 @@ template <int kHeadDim_, int kBlockM_>
 struct ConfigBase {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // queries per tile
-  static constexpr int kBlockN = 128;       // keys per CTA (64 per warpgroup)
+  // Deferred dQ with ping-pong turns (see the kernel), at BM = 64: a tile's dQ product runs in
+  // the next tile's iteration, so the warpgroups need not meet within a tile, and they take turns
+  // issuing S^T and dP^T. dS^T then needs 3 buffers, which BM = 128 has no room for.
+  static constexpr bool kDeferDq = kBlockM == 64;
+  static constexpr int kDsStages = kDeferDq ? 3 : 2;
+  static constexpr int kBlockN = 128;  // keys per CTA (64 per warpgroup)
   static constexpr int kConsumerThreads = 256;
   static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
   // Registers after the split (setmaxnreg) out of the 384 * 168 the CTA launches with.
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
+  // setmaxnreg.inc waits until the registers are free: the split must fit what the CTA launched
+  // with, or the consumers never start.
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * 168,
+                "register split within the launch's 168 per thread");
   static constexpr int kPanelKV = kBlockN * 128;  // bytes of one 64-column panel of K / V / dS^T
   static constexpr int kPanelQ = kBlockM * 128;   // bytes of one 64-column panel of Q / dO
   static constexpr int kPanels = (kHeadDim + 63) / 64;  // 64-column SW128 panels per row
@@ -88,25 +107,25 @@ struct ConfigBase {
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kDqBytes = 64 * 64 * 4;  // one warpgroup's fp32 dQ share
   static constexpr int kDqPanel = 64 * 128;     // 32 fp32 columns of it (one SW128 panel)
-  // Byte offsets from the 1024-aligned base. Q, dO, lse, D and dS^T have 2 stages each (stage s
-  // at + s * size).
+  // Byte offsets from the 1024-aligned base. Q, dO, lse, D have 2 stages each (stage s at + s *
+  // size), dS^T kDsStages.
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kTileKV;
   static constexpr int kOffQ = kOffV + kTileKV;
   static constexpr int kOffDO = kOffQ + 2 * kTileQ;
   static constexpr int kOffDS = kOffDO + 2 * kTileQ;
-  static constexpr int kOffDQ = kOffDS + 2 * kDsBytes;  // warpgroup w at + w * kDqBytes
+  static constexpr int kOffDQ = kOffDS + kDsStages * kDsBytes;  // warpgroup w at + w * kDqBytes
   static constexpr int kOffL = kOffDQ + 2 * kDqBytes;
   static constexpr int kOffD = kOffL + 2 * kBlockM * 4;
   static constexpr int kOffBar = kOffD + 2 * kBlockM * 4;
-  // K/V full, K/V empty; query tile full x 2; query tile empty x 2
-  static constexpr int kBarriers = 6;
+  // K/V full, K/V empty; query tile full x 2; query tile empty x 2; dS^T full x kDsStages, dS^T
+  // empty x kDsStages (deferred dQ only)
+  static constexpr int kBarriers = 6 + 2 * kDsStages;
   // The epilogue stages dK and dV (bf16, kTileKV each) from kOffDS on, over the dS^T and dQ
   // buffers, which the block no longer uses, so that the next block's K and V can load meanwhile.
   static constexpr int kOffStageDK = kOffDS;
   static constexpr int kOffStageDV = kOffDS + kTileKV;
-  static_assert(kOffDQ == kOffDS + 2 * kDsBytes && 2 * kTileKV <= kOffL - kOffDS,
-                "dK and dV staging fit in the dS^T and dQ buffers");
+  static_assert(2 * kTileKV <= kOffL - kOffDS, "dK and dV staging fit in the dS^T and dQ buffers");
   static constexpr int kOffItem = kOffBar + kBarriers * 8;  // the block K and V are for
   static constexpr int kSmemBytes = kOffItem + 8 + 1024;
   // dQ split: true = warpgroups take 64 query rows each (dS^T panel w, all dh = 64 columns);
@@ -156,6 +175,8 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     flash_wgmma_bwd_kernel(const __grid_constant__ Params params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = Config<D>;
+  constexpr bool kDeferDq = Cfg::kDeferDq;
+  constexpr bool kPingPong = Cfg::kDeferDq;
   const BwdParams& p = params.f;
   constexpr int BM = Cfg::kBlockM;
   constexpr int BN = Cfg::kBlockN;
@@ -185,6 +206,8 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   volatile int* const s_item = reinterpret_cast<volatile int*>(s_base_ptr + Cfg::kOffItem);
   auto q_full = [&](int stage) { return bar_kv + 8u * (2 + stage); };
   auto q_empty = [&](int stage) { return bar_kv + 8u * (4 + stage); };
+  auto ds_full = [&](int buf) { return bar_kv + 8u * (6 + buf); };
+  auto ds_empty = [&](int buf) { return bar_kv + 8u * (6 + Cfg::kDsStages + buf); };
 
   const int tid = threadIdx.x;
   const int T = p.T;
@@ -212,6 +235,10 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     for (int s = 0; s < 2; ++s) {
       tma::barrier_init(q_full(s), 1 + 32);  // the TMA bytes' arrival + the lse / D warp
       tma::barrier_init(q_empty(s), Cfg::kConsumerThreads);
+    }
+    for (int s = 0; s < Cfg::kDsStages; ++s) {
+      tma::barrier_init(ds_full(s), Cfg::kConsumerThreads);
+      tma::barrier_init(ds_empty(s), Cfg::kConsumerThreads);
     }
     tma::fence_barrier_init();
   }
@@ -327,6 +354,61 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
                    wg::desc_advance(desc_do_mn, q_off + wg::mnmajor_chunk_offset(kk)), 1);
   };
 
+  // dQ share of one tile = dS K over the block's 128 keys, from the dS^T buffer at ds_off. k-chunk
+  // kk = keys 16kk .. 16kk+15 = rows 16kk.. of the dS^T panel and of the K panel: + 16kk * 128
+  // bytes on both descriptors.
+  auto issue_dq = [&](float(&dq)[32], uint32_t ds_off) {
+#pragma unroll
+    for (int kk = 0; kk < kKN; ++kk) {
+      const uint64_t da_desc = wg::desc_advance(desc_ds, ds_off + wg::mnmajor_chunk_offset(kk));
+      const uint64_t db_desc = wg::desc_advance(desc_k_mn, wg::mnmajor_chunk_offset(kk));
+      if (kk == 0) {
+        MmaQ::ss_tt_overwrite(dq, da_desc, db_desc);
+      } else {
+        MmaQ::ss_tt(dq, da_desc, db_desc, 1);
+      }
+    }
+  };
+  // dq[4i + e] = dQ[m0 + dq_row0 + 16 warp + g + 8 (e >> 1)][dq_col0 + 8i + 2t + (e & 1)]. The
+  // share goes to this warpgroup's buffer as two SW128 panels of 32 fp32 columns (16-byte chunk c
+  // of row r at chunk position c ^ (r % 8): a warp's float2 stores fill all 32 banks twice, no
+  // conflict), and one thread adds it into dq_acc with a TMA reduction, which leaves rows >= T
+  // out. Per-element atomics from every thread cost the kernel about 30% here.
+  auto reduce_dq = [&](const float(&dq)[32], int b, int h, int m0) {
+    if (wtid == 0) tma::bulk_wait_group_read<0>();  // the previous tile's reduction read it
+    wg::named_barrier(1 + wgi, 128);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * 16 + g + r * 8;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int col = 8 * i + 2 * t;
+        const uint32_t off = (col >> 5) * Cfg::kDqPanel + row * 128 +
+                             ((((col & 31) >> 2) ^ (row & 7)) << 4) + (col & 3) * 4;
+        *reinterpret_cast<float2*>(dq_buf + off) =
+            make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+      }
+    }
+    wg::fence_proxy_async_shared();
+    wg::named_barrier(1 + wgi, 128);
+    if (wtid == 0) {
+      tma::reduce_add_4d(&params.dq, sdQ, dq_col0, h, m0 + dq_row0, b);
+      if (dq_col0 + 32 < D)  // head dim 80: warpgroup 1's columns 96.. lie outside dQ
+        tma::reduce_add_4d(&params.dq, sdQ + Cfg::kDqPanel, dq_col0 + 32, h, m0 + dq_row0, b);
+      tma::bulk_commit_group();
+    }
+  };
+  // Deferred dQ: the dS^T of the CTA's qt-th tile goes to buffer qt % 3; "full" completes when
+  // all 256 consumer threads stored their part, "empty" when both warpgroups' dQ products that
+  // read it completed. Use u = qt / 3 of a buffer is its u-th phase of each.
+  auto ds_buf = [](int tile) { return tile % Cfg::kDsStages; };
+  auto ds_parity = [](int tile) { return static_cast<uint32_t>((tile / Cfg::kDsStages) & 1); };
+
+  // Ping-pong (kPingPong, named barriers 4 and 5): the two consumers take turns issuing S^T and
+  // dP^T. Both take one turn per query tile, so the turns run on from block to block.
+  const wg::Turns<kPingPong> turns{wgi, 4};
+  turns.start();
+
   int qt = 0;  // query tiles so far (as the producer counts them)
   for (int blocks_done = 0;; ++blocks_done) {
     const int item = wait_for_block(bar_kv, blocks_done, s_item);
@@ -338,15 +420,19 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     const int key_wg = n0 + wgi * 64;  // first key of this warpgroup
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) acc_dk[i] = acc_dv[i] = 0.f;
-    for (int m = blk.m_begin; m < m_end; ++m, ++qt) {
+    // One query tile m (the CTA's qt-th); kWithDq: with a dQ product (deferred: the previous
+    // tile's, so not in a block's first tile). Instantiated per case so that no wgmma group is in
+    // flight across a branch (ptxas then serialises every wgmma of the kernel).
+    auto tile = [&](int m, auto with_dq) {
+      constexpr bool kWithDq = decltype(with_dq)::value;
       const int stage = qt & 1;
       const int m0 = m * BM;
       tma::wait(q_full(stage), (qt >> 1) & 1);
       const uint32_t q_off = stage * Cfg::kTileQ;
-      // dS^T has two buffers too: a warpgroup may write tile it + 1's while the other still reads
-      // tile it's in its dQ product; the barrier before dQ keeps them within one tile of each
-      // other.
-      const uint32_t ds_off = stage * Cfg::kDsBytes;
+      // Not deferred, dS^T has two buffers: a warpgroup may write tile it + 1's while the other
+      // still reads tile it's in its dQ product; the barrier before dQ keeps them within one tile
+      // of each other.
+      const uint32_t ds_off = (kDeferDq ? ds_buf(qt) : stage) * Cfg::kDsBytes;
       const float* sLs = sL + stage * BM;
       const float* sDss = sDs + stage * BM;
 
@@ -359,15 +445,16 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
       const int q_lim = T - m0 - 2 * t;             // masked: 8i + (e & 1) >= q_lim
 
       // S^T = K Q^T (raw fp32 dot products).
+      turns.take();
       wg::fence();
       wg::ss_kmajor<kKD, BN, BM, BM>(s, desc_k, wg::desc_advance(desc_q, q_off));
       wg::commit_group();
       // dP^T = V dO^T in its own group, running while P^T is computed.
       issue_dp(dp, q_off);
       wg::commit_group();
+      turns.pass();
       wg::wait_group<1>();
       wg::fence_operands(s);
-
       // P^T. Accumulator element s[4i + e] is key key_l + 8 (e >> 1), query m0 + 8i + 2t + (e & 1)
       // (wgmma.cuh D layout with rows = keys, columns = queries). Masked: key > query (the causal
       // mask; keys >= T are beyond every query < T) and queries >= T (zero-filled Q rows would give
@@ -440,11 +527,14 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
         for (int j = 0; j < 4; ++j)
           da[kk][j] = pack_bf16(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
 
-          // dS^T to shared memory for the dQ product: row = key (block-local), column = query
-          // (tile-local), SW128 panels of 64 queries (panel size 128 rows * 128 bytes). Register j
-          // of chunk kk holds key row key_l + 8 (j & 1), queries 16kk + 8 (j >> 1) + 2t, +1 (see
-          // above). For one (kk, j) the warp's 8 rows g land in 8 different 16-byte chunk positions
-          // of their 128-byte rows and t picks the 4-byte word: all 32 banks, no conflict.
+      // dS^T to shared memory for the dQ product: row = key (block-local), column = query
+      // (tile-local), SW128 panels of 64 queries (panel size 128 rows * 128 bytes). Register j of
+      // chunk kk holds key row key_l + 8 (j & 1), queries 16kk + 8 (j >> 1) + 2t, +1 (see above).
+      // For one (kk, j) the warp's 8 rows g land in 8 different 16-byte chunk positions of their
+      // 128-byte rows and t picks the 4-byte word: all 32 banks, no conflict. Deferred, the
+      // buffer's previous tile must have been read by both warpgroups' dQ products first.
+      if constexpr (kDeferDq)
+        if (qt >= Cfg::kDsStages) tma::wait(ds_empty(ds_buf(qt)), ds_parity(qt) ^ 1);
 #pragma unroll
       for (int kk = 0; kk < kKM; ++kk)
 #pragma unroll
@@ -461,6 +551,10 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
           wg::fence_operand(pa[kk][j]);
           wg::fence_operand(da[kk][j]);
         }
+      // Publish dS^T (generic-proxy stores) to both warpgroups' wgmma (async proxy); the producer
+      // does not take part.
+      wg::fence_proxy_async_shared();
+      if constexpr (kDeferDq) tma::arrive(ds_full(ds_buf(qt)));
 
       // dV += P^T dO and dK += dS^T Q, one group.
       wg::fence_operands(acc_dk);
@@ -473,27 +567,22 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
                      wg::desc_advance(desc_q_mn, q_off + wg::mnmajor_chunk_offset(kk)), 1);
       wg::commit_group();
 
-      // Publish dS^T (generic-proxy stores) to both warpgroups' wgmma (async proxy); the producer
-      // does not take part.
-      wg::fence_proxy_async_shared();
-      wg::named_barrier(kConsumersBarrier, Cfg::kConsumerThreads);
-
-      // dQ share = dS K over the block's 128 keys. k-chunk kk = keys 16kk .. 16kk+15 = rows 16kk..
-      // of the dS^T panel and of the K panel: + 16kk * 128 bytes on both descriptors.
+      // The dQ product: deferred, the previous tile's (both warpgroups stored its dS^T long
+      // before, unless one runs ahead by a tile; waiting for that before dV and dK instead was
+      // 1-4% slower); else this tile's, after both warpgroups stored theirs.
       float dq[32];
-#pragma unroll
-      for (int kk = 0; kk < kKN; ++kk) {
-        const uint64_t da_desc = wg::desc_advance(desc_ds, ds_off + wg::mnmajor_chunk_offset(kk));
-        const uint64_t db_desc = wg::desc_advance(desc_k_mn, wg::mnmajor_chunk_offset(kk));
-        if (kk == 0) {
-          MmaQ::ss_tt_overwrite(dq, da_desc, db_desc);
+      const int dq_tile = kDeferDq ? qt - 1 : qt;
+      if constexpr (kWithDq) {
+        if constexpr (kDeferDq) {
+          tma::wait(ds_full(ds_buf(dq_tile)), ds_parity(dq_tile));
         } else {
-          MmaQ::ss_tt(dq, da_desc, db_desc, 1);
+          wg::named_barrier(kConsumersBarrier, Cfg::kConsumerThreads);
         }
+        issue_dq(dq, (kDeferDq ? ds_buf(dq_tile) : stage) * Cfg::kDsBytes);
+        wg::commit_group();
       }
-      wg::commit_group();
       wg::wait_group<0>();
-      wg::fence_operands(dq);
+      if constexpr (kWithDq) wg::fence_operands(dq);
       wg::fence_operands(acc_dv);
       wg::fence_operands(acc_dk);
 #pragma unroll
@@ -505,34 +594,26 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
         }
       // Every read of this stage (Q, dO by the products, lse and D) is done: release it.
       tma::arrive(q_empty(stage));
-
-      // dq[4i + e] = dQ[m0 + dq_row0 + 16 warp + g + 8 (e >> 1)][dq_col0 + 8i + 2t + (e & 1)].
-      // The share goes to this warpgroup's buffer as two SW128 panels of 32 fp32 columns (16-byte
-      // chunk c of row r at chunk position c ^ (r % 8): a warp's float2 stores fill all 32 banks
-      // twice, no conflict), and one thread adds it into dq_acc with a TMA reduction, which leaves
-      // rows >= T out. Per-element atomics from every thread cost the kernel about 30% here.
-      if (wtid == 0) tma::bulk_wait_group_read<0>();  // the previous tile's reduction read it
-      wg::named_barrier(1 + wgi, 128);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = warp * 16 + g + r * 8;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int col = 8 * i + 2 * t;
-          const uint32_t off = (col >> 5) * Cfg::kDqPanel + row * 128 +
-                               ((((col & 31) >> 2) ^ (row & 7)) << 4) + (col & 3) * 4;
-          *reinterpret_cast<float2*>(dq_buf + off) =
-              make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
-        }
+      if constexpr (kWithDq) {
+        if constexpr (kDeferDq) tma::arrive(ds_empty(ds_buf(dq_tile)));
+        reduce_dq(dq, b, h, kDeferDq ? m0 - BM : m0);
       }
-      wg::fence_proxy_async_shared();
-      wg::named_barrier(1 + wgi, 128);
-      if (wtid == 0) {
-        tma::reduce_add_4d(&params.dq, sdQ, dq_col0, h, m0 + dq_row0, b);
-        if (dq_col0 + 32 < D)  // head dim 80: warpgroup 1's columns 96.. lie outside dQ
-          tma::reduce_add_4d(&params.dq, sdQ + Cfg::kDqPanel, dq_col0 + 32, h, m0 + dq_row0, b);
-        tma::bulk_commit_group();
-      }
+    };
+    int m = blk.m_begin;
+    if constexpr (kDeferDq) tile(m++, std::false_type{}), ++qt;
+    for (; m < m_end; ++m, ++qt) tile(m, std::true_type{});
+    if constexpr (kDeferDq) {
+      // The block's last tile's dQ (it reads K, so before the next block's K may load).
+      const int dq_tile = qt - 1;
+      float dq[32];
+      tma::wait(ds_full(ds_buf(dq_tile)), ds_parity(dq_tile));
+      wg::fence();
+      issue_dq(dq, ds_buf(dq_tile) * Cfg::kDsBytes);
+      wg::commit_group();
+      wg::wait_group<0>();
+      wg::fence_operands(dq);
+      tma::arrive(ds_empty(ds_buf(dq_tile)));
+      reduce_dq(dq, b, h, (m_end - 1) * BM);
     }
 
     // Both warpgroups' products of the block completed (each waited for its last dQ product, which
@@ -588,6 +669,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     wg::store_rows_sw128<BN, D>(p.dv + head_off + n0 * ld, ld, stage_dv, wgi * 64, T - n0, wtid);
     wg::named_barrier(kConsumersBarrier, Cfg::kConsumerThreads);
   }
+  turns.finish();
   if (wtid == 0) tma::bulk_wait_group<0>();  // the last reduction is done with shared memory
 #else
   // Built for an architecture without wgmma: never launched (flash_attention_uses_wgmma is false).
