@@ -191,6 +191,7 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--debug-stall-at-step", o.debug_stall_at_step)->group("");
   app.add_option("--debug-stall-rank", o.debug_stall_rank)->group("");
   app.add_option("--debug-step-ms", o.debug_step_ms)->group("");
+  app.add_option("--debug-start-ms", o.debug_start_ms)->group("");
   app.add_option("--debug-inf-grad-at-step", o.debug_inf_grad_at_step)->group("");
   app.add_option("--debug-inf-grad-rank", o.debug_inf_grad_rank)->group("");
 

@@ -77,6 +77,9 @@ struct Options {
   // Testing hook (hidden): every training step lasts at least this many ms (the ranks sleep after
   // it), so that a tiny model runs for as long as a test of stopping and resuming jobs needs.
   double debug_step_ms = 0;
+  // Testing hook (hidden): a training run waits this many ms before setting up (its stop signals
+  // already handled), so that a test can signal it during start-up.
+  double debug_start_ms = 0;
   // Testing hook (hidden): one rank's gradients at a step become non-finite (loss scaling tests).
   int64_t debug_inf_grad_at_step = -1;
   int debug_inf_grad_rank = 0;

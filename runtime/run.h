@@ -152,8 +152,9 @@ class Run {
   void report_kernel_trace(const std::vector<TracedKernel>& kernels, int64_t steps) const;
 
   // trainer.cpp
-  // The training loop, from start_step_ to --steps or an early stop.
-  void train(TrainResult& result, Clock::time_point started);
+  // The training loop, from start_step_ to --steps or an early stop (also before its first step,
+  // for a signal that came during start-up).
+  void train(TrainResult& result, Clock::time_point started, const StopSignals& signals);
   // --debug-die-at-step / --debug-stall-at-step: this rank fails before step `s` (failure tests).
   void inject_failure(int64_t s);
   // --debug-step-ms: the step lasts at least that long (tests of --time-limit and signals).

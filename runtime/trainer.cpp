@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "core/error.h"
@@ -19,6 +20,12 @@ namespace trainer {
 
 TrainResult Run::execute(bool keep_params) {
   const auto started = Clock::now();  // for --time-limit
+  // Training takes stop signals from here on: one that comes while the run sets up (reads a
+  // checkpoint, builds a large model) stops it before its first step instead of killing it.
+  std::optional<StopSignals> signals;
+  if (!o_.benchmark) signals.emplace();
+  if (o_.debug_start_ms > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o_.debug_start_ms));
   setup();
   TrainResult result;
   if (already_done_) {  // --resume latest of a run that has finished: nothing to do, exit 0
@@ -39,7 +46,7 @@ TrainResult Run::execute(bool keep_params) {
   if (o_.benchmark)
     benchmark(result);
   else
-    train(result, started);
+    train(result, started, *signals);
   write_trace();
   if (keep_params) {
     result.params.assign(flat_, 0.0f);  // padding stays zero, as in the master weights
@@ -52,8 +59,23 @@ TrainResult Run::execute(bool keep_params) {
 }
 
 // The training loop: from start_step_ to --steps, or to a stop all ranks vote for after a step.
-void Run::train(TrainResult& result, Clock::time_point started) {
-  const StopSignals signals;
+void Run::train(TrainResult& result, Clock::time_point started, const StopSignals& signals) {
+  if (const int64_t stop = world_.max(int64_t{signals.received()})) {
+    // Stopped during start-up: nothing trained, so nothing new to save.
+    result.stop_signal = static_cast<int>(stop);
+    if (rank_ == 0) {
+      const std::string why = "by " + signal_name(static_cast<int>(stop));
+      if (start_step_ > 0)
+        spdlog::warn(
+            "stopped {} after step {} of {}, during start-up, before training a step: continue "
+            "with --resume {}",
+            why, start_step_, o_.steps, resume_);
+      else
+        spdlog::warn("stopped {} during start-up, before the first step: nothing trained or saved",
+                     why);
+    }
+    return;
+  }
   on_rank0([&] { open_metrics(); });
   for (int64_t s = start_step_; s < o_.steps; ++s) {
     inject_failure(s);

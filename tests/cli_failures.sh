@@ -239,6 +239,46 @@ stop_run USR1 138 "$tmp/stopped2" $mpirun -np 2 "$trainer" "${small[@]}" "${data
   --steps 1000000 --shard-optim --out "$tmp/stopped2"
 [[ -n $ckpt ]] && expect 0 "resumed from .*stopped2/step_" $mpirun -np 2 "$trainer" "${small[@]}" \
   "${data[@]}" --steps $(( ${ckpt##*_} + 2 )) --shard-optim --out "$tmp/stopped2" --resume "$ckpt"
+# A stop signal during start-up (here a --debug-start-ms wait, standing for a large checkpoint being
+# read): the run stops before its first step with 128 + the signal and writes nothing; resumed, it
+# names the checkpoint it came from. The rank is signalled once /proc shows it catches SIGUSR1; with
+# 2 ranks (mpirun, whose own handler does not pass SIGUSR1 on) one rank alone gets it.
+# stop_at_start WANT_RC PATTERN OUT CMD...
+stop_at_start() {
+  local want=$1 pattern=$2 dir=$3
+  shift 3
+  local before
+  before=$(ls "$dir" 2>/dev/null; cat "$dir/metrics.jsonl" 2>/dev/null)
+  "$@" > "$tmp/start.log" 2>&1 &
+  local pid=$! target= waited=0
+  until [[ $waited -ge 600 ]]; do
+    target=$(pgrep -f -- "--out $dir --debug-start-ms" | grep -v "^$pid\$" | tail -1)
+    [[ $1 == mpirun ]] || target=${target:-$pid}
+    local caught
+    caught=$(awk '/^SigCgt/ {print $2}' "/proc/$target/status" 2>/dev/null)
+    ((0x${caught:-0} & 0x200)) && break
+    sleep 0.05
+    waited=$((waited + 1))
+  done
+  kill -USR1 "$target"
+  wait $pid
+  local rc=$?
+  if [[ $rc -eq $want ]] && grep -qE -- "$pattern" "$tmp/start.log" &&
+    [[ "$(ls "$dir" 2>/dev/null; cat "$dir/metrics.jsonl" 2>/dev/null)" == "$before" ]]; then
+    passed=$((passed + 1)); else
+    echo "FAIL: SIGUSR1 during start-up: exit $rc (wanted $want), '$pattern', $dir changed?"
+    tail -5 "$tmp/start.log" | sed 's/^/    /'; failures=$((failures + 1)); fi
+}
+stop_at_start 138 "stopped by SIGUSR1 during start-up, before the first step: nothing trained" \
+  "$tmp/fresh_stop" $mpirun -np 2 "$trainer" "${small[@]}" "${data[@]}" --steps 100 \
+  --out "$tmp/fresh_stop" --debug-start-ms 2000
+if [[ -n $ckpt ]]; then
+  last=$(( ${ckpt##*_} + 2 ))  # the run just above went on to there
+  stop_at_start 138 "stopped by SIGUSR1 after step $last of 1000, during start-up, before \
+training a step: continue with --resume .*stopped2/step_$last\$" "$tmp/stopped2" "$trainer" \
+    "${small[@]}" "${data[@]}" --steps 1000 --out "$tmp/stopped2" --debug-start-ms 2000 \
+    --resume latest
+fi
 # An llm.c token shard (1 KiB header, then uint16 tokens) trains exactly like the same tokens raw.
 "$tokenize" --out-train "$tmp/raw.bin" --out-val "$tmp/raw_val.bin" "$tmp/text.txt" > /dev/null
 python3 -c "

@@ -172,8 +172,9 @@ case $case in
     grep -q "stopped by SIGTERM" "$work/$a.out" && [[ -f $first/optimizer.safetensors ]] ||
       fail "scancel: no checkpoint ('$first')"
     # 2. 1 host x 2 ranks resumes; Slurm's warning 150 s before its 3-minute limit (it comes 30-60
-    # s in: Slurm checks limits every 30 s) stops it with a checkpoint; the --time-limit the
-    # script derives from squeue (1.5 min) would stop it otherwise.
+    # s in: Slurm checks limits every 30 s) stops it with a checkpoint (or, should it come while
+    # the ranks start, before their first step, naming the checkpoint they resumed from); the
+    # --time-limit the script derives from squeue (1.5 min) would stop it otherwise.
     b=$(TIME_MARGIN_MIN=1.5 submit --nodes=1 --ntasks-per-node=2 "${cpu_job[@]}" --time=3 \
       --signal=B:USR1@150 "$sbatch_script" "${model[@]}" --batch 4 --steps 100000 \
       --debug-step-ms 300 "${run[@]}")
