@@ -24,8 +24,11 @@ TrainResult Run::execute(bool keep_params) {
   // checkpoint, builds a large model) stops it before its first step instead of killing it.
   std::optional<StopSignals> signals;
   if (!o_.benchmark) signals.emplace();
-  if (o_.debug_start_ms > 0)
+  if (o_.debug_start_ms > 0) {
+    spdlog::info("--debug-start-ms {}: waiting before set-up, stop signals handled",
+                 o_.debug_start_ms);
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o_.debug_start_ms));
+  }
   setup();
   TrainResult result;
   if (already_done_) {  // --resume latest of a run that has finished: nothing to do, exit 0

@@ -241,26 +241,24 @@ stop_run USR1 138 "$tmp/stopped2" $mpirun -np 2 "$trainer" "${small[@]}" "${data
   "${data[@]}" --steps $(( ${ckpt##*_} + 2 )) --shard-optim --out "$tmp/stopped2" --resume "$ckpt"
 # A stop signal during start-up (here a --debug-start-ms wait, standing for a large checkpoint being
 # read): the run stops before its first step with 128 + the signal and writes nothing; resumed, it
-# names the checkpoint it came from. The rank is signalled once /proc shows it catches SIGUSR1; with
-# 2 ranks (mpirun, whose own handler does not pass SIGUSR1 on) one rank alone gets it.
-# stop_at_start WANT_RC PATTERN OUT CMD...
+# names the checkpoint it came from. The rank is signalled once every rank has logged that wait
+# (its handlers are in place then; earlier, another library's handler may take the signal, as
+# Open MPI 4.1.6's was seen to); with 2 ranks (under mpirun, which does not pass SIGUSR1 on) one
+# rank alone gets it. stop_at_start WANT_RC RANKS PATTERN OUT CMD...
 stop_at_start() {
-  local want=$1 pattern=$2 dir=$3
-  shift 3
+  local want=$1 ranks=$2 pattern=$3 dir=$4
+  shift 4
   local before
   before=$(ls "$dir" 2>/dev/null; cat "$dir/metrics.jsonl" 2>/dev/null)
   "$@" > "$tmp/start.log" 2>&1 &
   local pid=$! target= waited=0
-  until [[ $waited -ge 600 ]]; do
-    target=$(pgrep -f -- "--out $dir --debug-start-ms" | grep -v "^$pid\$" | tail -1)
-    [[ $1 == mpirun ]] || target=${target:-$pid}
-    local caught
-    caught=$(awk '/^SigCgt/ {print $2}' "/proc/$target/status" 2>/dev/null)
-    ((0x${caught:-0} & 0x200)) && break
+  until [[ $(grep -c -- "--debug-start-ms 2000: waiting" "$tmp/start.log") -ge $ranks ||
+    $waited -ge 600 ]]; do
     sleep 0.05
     waited=$((waited + 1))
   done
-  kill -USR1 "$target"
+  target=$(pgrep -f -- "--out $dir --debug-start-ms" | grep -v "^$pid\$" | tail -1)
+  kill -USR1 "${target:-$pid}"
   wait $pid
   local rc=$?
   if [[ $rc -eq $want ]] && grep -qE -- "$pattern" "$tmp/start.log" &&
@@ -269,12 +267,12 @@ stop_at_start() {
     echo "FAIL: SIGUSR1 during start-up: exit $rc (wanted $want), '$pattern', $dir changed?"
     tail -5 "$tmp/start.log" | sed 's/^/    /'; failures=$((failures + 1)); fi
 }
-stop_at_start 138 "stopped by SIGUSR1 during start-up, before the first step: nothing trained" \
+stop_at_start 138 2 "stopped by SIGUSR1 during start-up, before the first step: nothing trained" \
   "$tmp/fresh_stop" $mpirun -np 2 "$trainer" "${small[@]}" "${data[@]}" --steps 100 \
   --out "$tmp/fresh_stop" --debug-start-ms 2000
 if [[ -n $ckpt ]]; then
   last=$(( ${ckpt##*_} + 2 ))  # the run just above went on to there
-  stop_at_start 138 "stopped by SIGUSR1 after step $last of 1000, during start-up, before \
+  stop_at_start 138 1 "stopped by SIGUSR1 after step $last of 1000, during start-up, before \
 training a step: continue with --resume .*stopped2/step_$last\$" "$tmp/stopped2" "$trainer" \
     "${small[@]}" "${data[@]}" --steps 1000 --out "$tmp/stopped2" --debug-start-ms 2000 \
     --resume latest
