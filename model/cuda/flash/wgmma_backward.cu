@@ -37,9 +37,10 @@
 //     (the block's last one after its loop), so the two warpgroups never wait for each other
 //     within a tile: dS^T has 3 buffers with "full" / "empty" mbarriers instead of the barrier
 //     before dQ, and the warpgroups take turns issuing S^T and dP^T (named barriers 4 and 5,
-//     ping-pong), so that one's exponentials and dS^T run while the other's products occupy the
-//     tensor cores. 1-4% faster than the barrier (docs/results/log.md); head dim 64 (BM = 128)
-//     has no room for a third dS^T buffer and keeps the barrier.
+//     ping-pong; head dim 80 also dV, dK and dQ), so that one's exponentials and dS^T run while
+//     the other's products occupy the tensor cores. 1-4% faster than the barrier
+//     (docs/results/log.md); head dim 64 (BM = 128) has no room for a third dS^T buffer and keeps
+//     the barrier.
 //   * The dQ tile (BM x dh) is split so that each warpgroup does one m64n64 product over all 128
 //     keys: dh 128 (BM 64): warpgroup w takes dh columns [64w, 64w + 64) = K panel w (dh 80 the
 //     same, K's panel 1 zero beyond column 80, and warpgroup 1's columns >= 80 not written back);
@@ -89,6 +90,9 @@ struct ConfigBase {
   // issuing S^T and dP^T. dS^T then needs 3 buffers, which BM = 128 has no room for.
   static constexpr bool kDeferDq = kBlockM == 64;
   static constexpr int kDsStages = kDeferDq ? 3 : 2;
+  // Head dim 80 also takes turns issuing dV, dK and dQ: 8% faster at T = 2048, 1-2% at 16384; at
+  // head dim 128 it spilled 108 bytes and was 16-30% slower.
+  static constexpr bool kTurnsForDvDk = kDeferDq && kHeadDim == 80;
   static constexpr int kBlockN = 128;  // keys per CTA (64 per warpgroup)
   static constexpr int kConsumerThreads = 256;
   static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
@@ -405,7 +409,8 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   auto ds_parity = [](int tile) { return static_cast<uint32_t>((tile / Cfg::kDsStages) & 1); };
 
   // Ping-pong (kPingPong, named barriers 4 and 5): the two consumers take turns issuing S^T and
-  // dP^T. Both take one turn per query tile, so the turns run on from block to block.
+  // dP^T (head dim 80: and again dV, dK and dQ). Both take as many turns per query tile, so the
+  // turns run on from block to block.
   const wg::Turns<kPingPong> turns{wgi, 4};
   turns.start();
 
@@ -557,6 +562,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
       if constexpr (kDeferDq) tma::arrive(ds_full(ds_buf(qt)));
 
       // dV += P^T dO and dK += dS^T Q, one group.
+      if constexpr (Cfg::kTurnsForDvDk) turns.take();
       wg::fence_operands(acc_dk);
       wg::fence_operands(acc_dv);
       wg::fence();
@@ -581,6 +587,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
         issue_dq(dq, (kDeferDq ? ds_buf(dq_tile) : stage) * Cfg::kDsBytes);
         wg::commit_group();
       }
+      if constexpr (Cfg::kTurnsForDvDk) turns.pass();
       wg::wait_group<0>();
       if constexpr (kWithDq) wg::fence_operands(dq);
       wg::fence_operands(acc_dv);
