@@ -404,13 +404,13 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   };
   // Deferred dQ: the dS^T of the CTA's qt-th tile goes to buffer qt % 3; "full" completes when
   // all 256 consumer threads stored their part, "empty" when both warpgroups' dQ products that
-  // read it completed. Use u = qt / 3 of a buffer is its u-th phase of each.
+  // read it completed. The u-th use of a buffer (u = qt / 3) is the u-th phase of both.
   auto ds_buf = [](int tile) { return tile % Cfg::kDsStages; };
   auto ds_parity = [](int tile) { return static_cast<uint32_t>((tile / Cfg::kDsStages) & 1); };
 
   // Ping-pong (kPingPong, named barriers 4 and 5): the two consumers take turns issuing S^T and
-  // dP^T (head dim 80: and again dV, dK and dQ). Both take as many turns per query tile, so the
-  // turns run on from block to block.
+  // dP^T (head dim 80: and again dV, dK and dQ). Both take the same number of turns per query
+  // tile, so the turns run on from block to block.
   const wg::Turns<kPingPong> turns{wgi, 4};
   turns.start();
 
@@ -607,7 +607,10 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
       }
     };
     int m = blk.m_begin;
-    if constexpr (kDeferDq) tile(m++, std::false_type{}), ++qt;
+    if constexpr (kDeferDq) {  // the block's first tile: no previous dQ
+      tile(m++, std::false_type{});
+      ++qt;
+    }
     for (; m < m_end; ++m, ++qt) tile(m, std::true_type{});
     if constexpr (kDeferDq) {
       // The block's last tile's dQ (it reads K, so before the next block's K may load).
