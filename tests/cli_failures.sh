@@ -174,6 +174,13 @@ sys.exit(0 if steps(sys.argv[1]) == [1, 2, 3, 4, 5, 6] and aside[-1] == '{\"step
 " "$tmp/resumed/metrics.jsonl" "$tmp/resumed/metrics_superseded.jsonl"; then passed=$((passed + 1))
 else echo "FAIL: the resumed run's metrics.jsonl does not hold steps 1-6 once each"
   failures=$((failures + 1)); fi
+# signal_target PATTERN PID: the process whose command line matches PATTERN and is not PID (a rank
+# that PID, mpirun, started), else PID itself.
+signal_target() {
+  local t
+  t=$(pgrep -f -- "$1" | grep -v "^$2\$" | tail -1)
+  echo "${t:-$2}"
+}
 # A stop signal mid-run: the ranks finish the step, write a checkpoint, and exit 128 + the signal;
 # the checkpoint resumes. One process with SIGTERM (Slurm's time limit), then 2 ranks of which
 # one alone gets SIGUSR1 (the ranks agree to stop). Each waits until the run has logged a few
@@ -188,9 +195,7 @@ stop_run() {
   local pid=$! waited=0
   until [[ $(wc -l 2>/dev/null < "$dir/metrics.jsonl" || echo 0) -ge 3 || $waited -ge 600 ]]; do
     sleep 0.1; waited=$((waited + 1)); done
-  local target
-  target=$(pgrep -f -- "--out $dir\$" | grep -v "^$pid\$" | tail -1)
-  kill -"$sig" "${target:-$pid}"
+  kill -"$sig" "$(signal_target "--out $dir\$" $pid)"
   wait $pid
   local rc=$?
   ckpt=$(grep -oE "stopped by SIG$sig after step [0-9]+ of [0-9]+: continue with --resume [^ ]+" \
@@ -251,14 +256,13 @@ stop_at_start() {
   local before
   before=$(ls "$dir" 2>/dev/null; cat "$dir/metrics.jsonl" 2>/dev/null)
   "$@" > "$tmp/start.log" 2>&1 &
-  local pid=$! target= waited=0
+  local pid=$! waited=0
   until [[ $(grep -c -- "--debug-start-ms 2000: waiting" "$tmp/start.log") -ge $ranks ||
     $waited -ge 600 ]]; do
     sleep 0.05
     waited=$((waited + 1))
   done
-  target=$(pgrep -f -- "--out $dir --debug-start-ms" | grep -v "^$pid\$" | tail -1)
-  kill -USR1 "${target:-$pid}"
+  kill -USR1 "$(signal_target "--out $dir --debug-start-ms" $pid)"
   wait $pid
   local rc=$?
   if [[ $rc -eq $want ]] && grep -qE -- "$pattern" "$tmp/start.log" &&
