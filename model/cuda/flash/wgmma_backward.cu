@@ -32,7 +32,10 @@
 //                                    B = K MN-major (keys x dh, imm-trans-b = 1), M 64, N 64, K 128
 //     and each warpgroup stages its fp32 share in shared memory, from where one thread adds it to
 //     dq_acc with a TMA reduction (cp.reduce.async.bulk.tensor, add): per-element atomics from
-//     every thread cost about 30% of the kernel at long T, the bulk reduction about 10%.
+//     every thread cost about 30% of the kernel at long T. Staging and reductions together still
+//     cost about a quarter of it at head dim 128 (left out, wrong results: 15.5 against 22.1 ms
+//     at T 16384), most of it the stores' place on each warpgroup's way to its next tile, not
+//     the reductions themselves (docs/results/log.md, 2026-11-26 06:40).
 //   * Head dims 80 and 128 (BM = 64) defer each tile's dQ product to the next tile's iteration
 //     (the block's last one after its loop), so the two warpgroups never wait for each other
 //     within a tile: dS^T has 3 buffers with "full" / "empty" mbarriers instead of the barrier
@@ -375,9 +378,10 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   };
   // dq[4i + e] = dQ[m0 + dq_row0 + 16 warp + g + 8 (e >> 1)][dq_col0 + 8i + 2t + (e & 1)]. The
   // share goes to this warpgroup's buffer as two SW128 panels of 32 fp32 columns (16-byte chunk c
-  // of row r at chunk position c ^ (r % 8): a warp's float2 stores fill all 32 banks twice, no
-  // conflict), and one thread adds it into dq_acc with a TMA reduction, which leaves rows >= T
-  // out. Per-element atomics from every thread cost the kernel about 30% here.
+  // of row r at chunk position c ^ (r % 8); each half-warp's float2 stores reach only 4 of the 8
+  // positions, a 2-way bank conflict, but a conflict-free order needed selects and was slower),
+  // and one thread adds it into dq_acc with a TMA reduction, which leaves rows >= T out.
+  // Per-element atomics from every thread cost the kernel about 30% here.
   auto reduce_dq = [&](const float(&dq)[32], int b, int h, int m0) {
     if (wtid == 0) tma::bulk_wait_group_read<0>();  // the previous tile's reduction read it
     wg::named_barrier(1 + wgi, 128);
