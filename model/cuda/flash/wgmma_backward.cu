@@ -33,9 +33,9 @@
 //     and each warpgroup stages its fp32 share in shared memory, from where one thread adds it to
 //     dq_acc with a TMA reduction (cp.reduce.async.bulk.tensor, add): per-element atomics from
 //     every thread cost about 30% of the kernel at long T. Staging and reductions together still
-//     cost about a quarter of it at head dim 128 (left out, wrong results: 15.5 against 22.1 ms
-//     at T 16384), most of it the stores' place on each warpgroup's way to its next tile, not
-//     the reductions themselves (docs/results/log.md, 2026-11-26 06:40).
+//     cost about 30% of it at head dim 128 (left out, wrong results: 15.5 against 22.1 ms at
+//     T 16384), most of it the stores' place on each warpgroup's way to its next tile, not the
+//     reductions themselves (docs/results/log.md, 2026-11-26 06:41).
 //   * Head dims 80 and 128 (BM = 64) defer each tile's dQ product to the next tile's iteration
 //     (the block's last one after its loop), so the two warpgroups never wait for each other
 //     within a tile: dS^T has 3 buffers with "full" / "empty" mbarriers instead of the barrier
