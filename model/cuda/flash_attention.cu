@@ -712,17 +712,22 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_kernel(const BwdParam
 // ---------------------------------------------------------------------------------------------
 // Backward, step 3: dQ = scale * dQ_acc converted to bf16 (8 elements per thread).
 // ---------------------------------------------------------------------------------------------
-// acc: rows (b, t) of row_elems = H * dh floats; dq: the same rows with stride ld_dq. With a RoPE
-// table (BwdParams::rope) each channel pair goes through RoPE's backward after the scale.
+// acc: rows (b, t) of row_elems = H * dh floats (permuted: in the order of dq_acc_row_slot within
+// each group of 8); dq: the rows in their natural order with stride ld_dq. With a RoPE table
+// (BwdParams::rope) each channel pair goes through RoPE's backward after the scale.
 template <int D>
 __global__ void flash_bwd_convert_dq_kernel(const float* __restrict__ acc, bf16* __restrict__ dq,
                                             int64_t n8, int64_t row_elems, int64_t ld_dq,
-                                            float scale, const float2* __restrict__ rope, int T) {
+                                            float scale, const float2* __restrict__ rope, int T,
+                                            bool permuted) {
   wait_for_prior_grid();  // launched dependent on the kernel before it (common.cuh)
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n8) return;
-  const int64_t row = 8 * i / row_elems;
-  const int64_t col = 8 * i - row * row_elems;
+  const int64_t acc_row = 8 * i / row_elems;
+  const int64_t col = 8 * i - acc_row * row_elems;
+  const int64_t row =
+      permuted ? (acc_row & ~int64_t{7}) | dq_acc_row_of_slot(static_cast<int>(acc_row & 7))
+               : acc_row;
   const float4 a = reinterpret_cast<const float4*>(acc)[2 * i];
   const float4 c = reinterpret_cast<const float4*>(acc)[2 * i + 1];
   float g[8] = {a.x * scale, a.y * scale, a.z * scale, a.w * scale,
@@ -760,6 +765,9 @@ template <int D>
 void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, int64_t ld_dq, int B,
                      bool wgmma, cudaStream_t stream) {
   using Cfg = BwdTraits<D>;
+  // The wgmma kernel may stage dQ without bank conflicts in permuted rows; the dot kernel zeroes
+  // dq_acc whole and the rows stay within the sequence, so only the conversion needs to know.
+  const bool permuted = wgmma && wgmma_backward_permutes_dq_rows(D, p.T);
   const int64_t rows = static_cast<int64_t>(B) * p.T * p.H;
   const int64_t elems = rows * D;
   {
@@ -779,7 +787,8 @@ void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, i
     const int64_t n8 = elems / 8;
     const auto blocks = static_cast<unsigned>((n8 + kThreads - 1) / kThreads);
     launch_dependent(flash_bwd_convert_dq_kernel<D>, dim3(blocks), dim3(kThreads), 0, stream,
-                     p.dq_acc, dq, n8, static_cast<int64_t>(p.H) * D, ld_dq, p.scale, p.rope, p.T);
+                     p.dq_acc, dq, n8, static_cast<int64_t>(p.H) * D, ld_dq, p.scale, p.rope, p.T,
+                     permuted);
   }
 }
 

@@ -61,6 +61,20 @@ struct BwdParams {
   const float2* rope;
 };
 
+// The wgmma backward may keep dq_acc's rows permuted (wgmma_backward_permutes_dq_rows): row g
+// (0..7) of each aligned group of 8 rows of a sequence at row dq_acc_row_slot(g) of the group.
+// dq_acc_row_of_slot is the inverse.
+__host__ __device__ constexpr int dq_acc_row_slot(int g) { return 2 * (g & 3) + (g >> 2); }
+__host__ __device__ constexpr int dq_acc_row_of_slot(int s) { return 4 * (s & 1) + (s >> 1); }
+constexpr bool dq_acc_row_order_is_a_permutation() {
+  for (int g = 0; g < 8; ++g)
+    if (dq_acc_row_slot(g) < 0 || dq_acc_row_slot(g) > 7 ||
+        dq_acc_row_of_slot(dq_acc_row_slot(g)) != g)
+      return false;
+  return true;
+}
+static_assert(dq_acc_row_order_is_a_permutation(), "dq_acc's row order within a group of 8");
+
 // RoPE's backward of one interleaved channel pair at (position, pair) of `table` (rope_table()
 // layout, head_dim / 2 pairs per position): (g0, g1) -> (g0 c + g1 s, g1 c - g0 s), the rotation
 // by -theta that undoes the forward's.

@@ -35,7 +35,9 @@
 //     every thread cost about 30% of the kernel at long T. Staging and reductions together still
 //     cost about 30% of it at head dim 128 (left out, wrong results: 15.5 against 22.1 ms at
 //     T 16384), most of it the stores' place on each warpgroup's way to its next tile, not the
-//     reductions themselves (docs/results/log.md, 2026-11-26 06:41).
+//     reductions themselves (docs/results/log.md, 2026-11-26 06:41). Head dims 80 and 128 store
+//     the share's rows permuted within groups of 8, which makes the stores free of bank
+//     conflicts (reduce_dq); dq_acc then holds its rows in that order.
 //   * Head dims 80 and 128 (BM = 64) defer each tile's dQ product to the next tile's iteration
 //     (the block's last one after its loop), so the two warpgroups never wait for each other
 //     within a tile: dS^T has 3 buffers with "full" / "empty" mbarriers instead of the barrier
@@ -96,6 +98,10 @@ struct ConfigBase {
   // Head dim 80 also takes turns issuing dV, dK and dQ: 8% faster at T = 2048, 1-2% at 16384; at
   // head dim 128 it spilled 108 bytes and was 16-30% slower.
   static constexpr bool kTurnsForDvDk = kDeferDq && kHeadDim == 80;
+  // dQ staged in dq_acc_row_slot's row order (reduce_dq below) when T % 8 == 0: 8-9% faster at
+  // head dim 80 and 4-5% at 128 (T = 16384), but 2-3% slower at head dim 64 (BM = 128), which
+  // keeps the natural order (docs/results/log.md, 2026-11-26 07:58).
+  static constexpr bool kPermuteDqRows = kDeferDq;
   static constexpr int kBlockN = 128;  // keys per CTA (64 per warpgroup)
   static constexpr int kConsumerThreads = 256;
   static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
@@ -172,6 +178,7 @@ struct Params {
   BwdParams f;
   HeadOrder order;
   PersistentSchedule sched;
+  bool dq_rows_permuted;  // wgmma_backward_permutes_dq_rows (last: the other offsets stay put)
 };
 
 // The schedule's counters (launch.h).
@@ -378,16 +385,21 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   };
   // dq[4i + e] = dQ[m0 + dq_row0 + 16 warp + g + 8 (e >> 1)][dq_col0 + 8i + 2t + (e & 1)]. The
   // share goes to this warpgroup's buffer as two SW128 panels of 32 fp32 columns (16-byte chunk c
-  // of row r at chunk position c ^ (r % 8); each half-warp's float2 stores reach only 4 of the 8
-  // positions, a 2-way bank conflict, but a conflict-free order needed selects and was slower),
-  // and one thread adds it into dq_acc with a TMA reduction, which leaves rows >= T out.
-  // Per-element atomics from every thread cost the kernel about 30% here.
+  // of row r at chunk position c ^ (r % 8)), and one thread adds it into dq_acc with a TMA
+  // reduction, which leaves rows >= T out. Per-element atomics from every thread cost the kernel
+  // about 30% here. Rows in their natural order would put each half-warp's float2 stores (rows
+  // g = 0..3 or 4..7, two chunks per row) on 4 of the 8 chunk positions, a 2-way bank conflict;
+  // so with T a multiple of 8 (wgmma_backward_permutes_dq_rows) row g of each 8-row group is at
+  // row dq_acc_row_slot(g) = 2 (g % 4) + g / 4, whose swizzles 0, 2, 4, 6 (1, 3, 5, 7) spread the
+  // half-warp over all 8, and dq_acc holds its rows in that order (convert_dq puts them back).
+  // Head dim 64 keeps the natural order (see Config::kPermuteDqRows).
+  const int dq_slot = Cfg::kPermuteDqRows && params.dq_rows_permuted ? dq_acc_row_slot(g) : g;
   auto reduce_dq = [&](const float(&dq)[32], int b, int h, int m0) {
     if (wtid == 0) tma::bulk_wait_group_read<0>();  // the previous tile's reduction read it
     wg::named_barrier(1 + wgi, 128);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = warp * 16 + g + r * 8;
+      const int row = warp * 16 + dq_slot + r * 8;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int col = 8 * i + 2 * t;
@@ -702,6 +714,7 @@ void launch(const BwdParams& f, int B, cudaStream_t stream) {
   p.v = tma::head_tile_map(f.v, B, f.T, f.H, D, f.ld_qkv, Cfg::kBlockN);
   p.dq = tma::head_tile_map_f32(f.dq_acc, B, f.T, f.H, D, 64);
   p.f = f;
+  p.dq_rows_permuted = wgmma_backward_permutes_dq_rows(D, f.T);
   // The working set of a head: its fp32 dQ accumulator (read-modify-written by every key block),
   // Q and dO.
   p.order = head_order(B, f.H, f.T, Cfg::kBlockN, D * 4 + 2 * D * 2, "flash attention backward");
@@ -712,6 +725,14 @@ void launch(const BwdParams& f, int B, cudaStream_t stream) {
 
 }  // namespace
 }  // namespace flash::wgbwd
+
+bool flash::wgmma_backward_permutes_dq_rows(int head_dim, int T) {
+  const bool permutes = head_dim == 64    ? wgbwd::Config<64>::kPermuteDqRows
+                        : head_dim == 80  ? wgbwd::Config<80>::kPermuteDqRows
+                        : head_dim == 128 ? wgbwd::Config<128>::kPermuteDqRows
+                                          : false;
+  return permutes && T % 8 == 0;
+}
 
 void flash::flash_wgmma_backward_main(const BwdParams& p, int B, int head_dim,
                                       cudaStream_t stream) {
