@@ -100,7 +100,7 @@ struct ConfigBase {
   static constexpr bool kTurnsForDvDk = kDeferDq && kHeadDim == 80;
   // dQ staged in dq_acc_row_slot's row order (reduce_dq below) when T % 8 == 0: 8-9% faster at
   // head dim 80 and 4-5% at 128 (T = 16384), but 2-3% slower at head dim 64 (BM = 128), which
-  // keeps the natural order (docs/results/log.md, 2026-11-26 07:58).
+  // keeps the natural order (docs/results/log.md, 2026-11-26 07:59).
   static constexpr bool kPermuteDqRows = kDeferDq;
   static constexpr int kBlockN = 128;  // keys per CTA (64 per warpgroup)
   static constexpr int kConsumerThreads = 256;
