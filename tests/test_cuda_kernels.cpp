@@ -380,10 +380,13 @@ TEMPLATE_TEST_CASE("rmsnorm forward and backward match the CPU", "[cuda]", float
   // take several batches of rows. Widths 128 to 1000 with vector access run the fused backward
   // (rows of 1 to 8 warp-wide chunks, some partial); 3000 is too wide for its shared memory and 6
   // (and 100 in 16 bits) too narrow for vectors, so they run the separate dx and dw kernels.
+  // Forward keeps rows of up to 12 vectors per lane in registers: 3000 does in 16 bits, not in
+  // fp32; 3100 does in neither.
   for (int64_t n : {int64_t{34}, int64_t{300}, int64_t{2000}, int64_t{5000}})
     for (int64_t d : {int64_t{128}, int64_t{80}, int64_t{100}, int64_t{6}, int64_t{768},
-                      int64_t{1000}, int64_t{3000}}) {
-      if (n == 5000 && d == 3000) continue;  // keeps the test short; 2000 x 3000 runs that path
+                      int64_t{1000}, int64_t{3000}, int64_t{3100}}) {
+      if (n == 5000 && d >= 3000) continue;  // keeps the test short; 2000 x 3000 runs that path
+      if (n == 2000 && d == 3100) continue;
       INFO("n " << n << " d " << d);
       const std::vector<float> x = quantized<T>(randn(n * d, 1.5f, 11));
       std::vector<float> w = randn(d, 0.3f, 12);

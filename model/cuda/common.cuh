@@ -109,6 +109,16 @@ template <int N, typename T>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
   *reinterpret_cast<Pack<T, N>*>(p) = v;
 }
+// Tells the compiler the pack's registers change here (they do not): values it derived from them
+// before (say, the floats of a 16-bit pack) are derived again after, instead of being kept live.
+// Kernels that keep a row's packs in registers between two passes use it to keep them packed.
+template <typename T, int N>
+__device__ __forceinline__ void keep_packed(Pack<T, N>& p) {
+  static_assert(sizeof(p) % 4 == 0, "whole 32-bit registers");
+  auto* w = reinterpret_cast<uint32_t*>(&p);
+#pragma unroll
+  for (int j = 0; j < static_cast<int>(sizeof(p) / 4); ++j) asm volatile("" : "+r"(w[j]));
+}
 // Loads that bypass L1 (for data written by other blocks of the same kernel).
 __device__ __forceinline__ float load_cg(const float* p) { return __ldcg(p); }
 

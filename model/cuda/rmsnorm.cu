@@ -24,8 +24,12 @@ constexpr int kMaxFusedBlocks = 256;
 constexpr int64_t kMaxFusedSmem = 99 * 1024;
 int64_t fused_smem_bytes(int64_t d) { return (kFusedRows + 1) * d * int64_t{sizeof(float)}; }
 
-// forward: r = 1/sqrt(mean(x^2) + eps); y = x * r * w. One warp per row.
-template <typename T, int kV>
+// forward: r = 1/sqrt(mean(x^2) + eps); y = x * r * w. One warp per row. With kCached > 0 the
+// lane's packs of the row (at most kCached: d <= kCached * 32 * kV) are loaded at once and kept
+// in registers for the second pass, so that a row's loads are all in flight together and x is
+// read once; otherwise the second pass reads x again. Either way each lane adds its squares in
+// the same order, so the results are the same bits.
+template <typename T, int kV, int kCached>
 __global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                        T* __restrict__ y, float* __restrict__ rstd, int64_t n,
                                        int d, float eps) {
@@ -35,22 +39,48 @@ __global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restr
   if (row >= n) return;  // whole warps leave together
   const T* xr = x + row * d;
   T* yr = y + row * d;
-  float ss = 0.0f;
-  for (int c = lane * kV; c < d; c += kWarp * kV) {
-    const Pack<T, kV> p = load_pack<kV>(xr + c);
-#pragma unroll
-    for (int k = 0; k < kV; ++k) ss += to_float(p.v[k]) * to_float(p.v[k]);
-  }
-  ss = warp_sum(ss);
-  const float r = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
-  if (lane == 0 && rstd) rstd[row] = r;
-  for (int c = lane * kV; c < d; c += kWarp * kV) {
-    const Pack<T, kV> xp = load_pack<kV>(xr + c);
+  auto out = [&](int c, const Pack<T, kV>& xp, float r) {
     const Pack<T, kV> wp = load_pack<kV>(w + c);
     Pack<T, kV> o;
 #pragma unroll
     for (int k = 0; k < kV; ++k) o.v[k] = from_float<T>(to_float(xp.v[k]) * r * to_float(wp.v[k]));
     store_pack<kV>(yr + c, o);
+  };
+  float ss = 0.0f;
+  if constexpr (kCached > 0) {
+    Pack<T, kV> xp[kCached];
+#pragma unroll
+    for (int i = 0; i < kCached; ++i) {
+      const int c = (lane + i * kWarp) * kV;
+      if (c < d) xp[i] = load_pack<kV>(xr + c);
+    }
+#pragma unroll
+    for (int i = 0; i < kCached; ++i) {
+      if ((lane + i * kWarp) * kV < d) {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) ss += to_float(xp[i].v[k]) * to_float(xp[i].v[k]);
+      }
+    }
+    ss = warp_sum(ss);
+    const float r = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
+    if (lane == 0 && rstd) rstd[row] = r;
+#pragma unroll
+    for (int i = 0; i < kCached; ++i) keep_packed(xp[i]);
+#pragma unroll
+    for (int i = 0; i < kCached; ++i) {
+      const int c = (lane + i * kWarp) * kV;
+      if (c < d) out(c, xp[i], r);
+    }
+  } else {
+    for (int c = lane * kV; c < d; c += kWarp * kV) {
+      const Pack<T, kV> p = load_pack<kV>(xr + c);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) ss += to_float(p.v[k]) * to_float(p.v[k]);
+    }
+    ss = warp_sum(ss);
+    const float r = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
+    if (lane == 0 && rstd) rstd[row] = r;
+    for (int c = lane * kV; c < d; c += kWarp * kV) out(c, load_pack<kV>(xr + c), r);
   }
 }
 
@@ -252,12 +282,22 @@ void forward_impl(const T* x, const T* w, T* y, float* rstd, int64_t n, int64_t 
   const int threads = 256, rows_per_block = threads / kWarp;
   const int64_t blocks = ceil_div(n, rows_per_block);
   const int di = static_cast<int>(d);
-  if (vector_width<T>({x, w, y}, {d}) == kPack<T>)
-    launch_dependent(rmsnorm_forward_kernel<T, kPack<T>>, dim3(blocks), dim3(threads), 0, stream, x,
-                     w, y, rstd, n, di, eps);
+  auto run = [&](auto kernel) {
+    launch_dependent(kernel, dim3(blocks), dim3(threads), 0, stream, x, w, y, rstd, n, di, eps);
+  };
+  // Rows of up to 4, 8 or 12 packs per lane stay in registers (bf16: d <= 1024, 2048, 3072:
+  // every preset's); the fewer the registers held, the more warps per SM.
+  const int64_t packs = ceil_div(d, kWarp * kPack<T>);
+  if (vector_width<T>({x, w, y}, {d}) != kPack<T>)
+    run(rmsnorm_forward_kernel<T, 1, 0>);
+  else if (packs <= 4)
+    run(rmsnorm_forward_kernel<T, kPack<T>, 4>);
+  else if (packs <= 8)
+    run(rmsnorm_forward_kernel<T, kPack<T>, 8>);
+  else if (packs <= 12)
+    run(rmsnorm_forward_kernel<T, kPack<T>, 12>);
   else
-    launch_dependent(rmsnorm_forward_kernel<T, 1>, dim3(blocks), dim3(threads), 0, stream, x, w, y,
-                     rstd, n, di, eps);
+    run(rmsnorm_forward_kernel<T, kPack<T>, 0>);
 }
 
 template <typename T, int kV, typename DW>
