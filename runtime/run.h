@@ -105,8 +105,15 @@ class Run {
   // The update's device work, recorded: AdamW's scalars uploaded, the clipping factor from the
   // norm's partial sums, the update kernels reading both from device memory.
   void record_update();
-  // Micro-batch k of step `step` into inputs_ and targets_ (timed as the data phase).
+  // Micro-batch k of step `step` into inputs_ and targets_ (timed as the data phase), or the one
+  // prefetch_micro_batch made for it.
   MicroBatch fill_micro_batch(int64_t step, int64_t k);
+  // Makes micro-batch 0 of `step` into next_inputs_ and next_targets_ ahead of time: called once a
+  // step's device work is queued, so that the host builds the next step's first micro-batch while
+  // the GPU computes instead of between the update and the next forward.
+  void prefetch_micro_batch(int64_t step);
+  // The tokens of micro-batch k of `step` (a pure function of the two, the seed and the rank).
+  void make_micro_batch(int64_t step, int64_t k, int32_t* inputs, int32_t* targets);
   // Forward of micro-batch k (`mb`, or the one staged in the replica's slot k when null), then
   // backward, scaled by `scale`, with the gradient collectives when `reduce`.
   void micro_step(int64_t k, const MicroBatch* mb, float scale, bool backward, bool reduce);
@@ -261,6 +268,8 @@ class Run {
   double step_scale_ = 1;      // the loss scale of the last step's backward
   bool step_skipped_ = false;  // the last step's update was skipped (non-finite gradient)
   std::vector<int32_t> inputs_, targets_;
+  std::vector<int32_t> next_inputs_, next_targets_;  // prefetch_micro_batch's
+  int64_t prefetched_step_ = -1;                     // the step they hold micro-batch 0 of, or -1
   int64_t start_step_ = 0;
   // The checkpoint to resume from: --resume, or with --resume latest the newest in --out ("" when
   // there is none yet: a fresh start).

@@ -455,6 +455,8 @@ void Run::build(int gpu) {
 #endif
   inputs_.resize(o_.batch * o_.config.ctx);
   targets_.resize(o_.batch * o_.config.ctx);
+  next_inputs_.resize(inputs_.size());
+  next_targets_.resize(targets_.size());
   if (train_) {
     sampler_ = Sampler{parse_sampler(o_.sampler), o_.seed, train_->size(), o_.config.ctx, G_};
   }

@@ -94,6 +94,7 @@ void Run::forward_backward(int64_t step, bool backward, bool reduce, bool update
       const MicroBatch mb = fill_micro_batch(step, k);
       micro_step(k, &mb, scale, backward, reduce);
     }
+    prefetch_micro_batch(step + 1);
     return;
   }
   // --cuda-graph: the host stages every micro-batch, then replays the recording of the device
@@ -124,19 +125,35 @@ void Run::forward_backward(int64_t step, bool backward, bool reduce, bool update
 
 MicroBatch Run::fill_micro_batch(int64_t step, int64_t k) {
   PhaseScope p(*timer_, Phase::kData);
+  if (k == 0 && step == prefetched_step_) {
+    inputs_.swap(next_inputs_);
+    targets_.swap(next_targets_);
+  } else {
+    make_micro_batch(step, k, inputs_.data(), targets_.data());
+  }
+  prefetched_step_ = -1;
+  return MicroBatch{inputs_.data(), targets_.data(), o_.batch, o_.config.ctx};
+}
+
+void Run::prefetch_micro_batch(int64_t step) {
+  PhaseScope p(*timer_, Phase::kData);
+  make_micro_batch(step, 0, next_inputs_.data(), next_targets_.data());
+  prefetched_step_ = step;
+}
+
+void Run::make_micro_batch(int64_t step, int64_t k, int32_t* inputs, int32_t* targets) {
   const int64_t rows_per_rank = o_.batch * o_.grad_accum;
   if (train_) {
-    fill_rows(*train_, sampler_, step, rank_ * rows_per_rank + k * o_.batch, o_.batch,
-              inputs_.data(), targets_.data());
+    fill_rows(*train_, sampler_, step, rank_ * rows_per_rank + k * o_.batch, o_.batch, inputs,
+              targets);
   } else {  // --benchmark: synthetic tokens, a pure function of (seed, step, rank, k)
     uint64_t x = o_.seed ^ (static_cast<uint64_t>(step) << 20) ^ (rank_ * 7919 + k);
     for (size_t i = 0; i < inputs_.size(); ++i) {
       x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-      inputs_[i] = static_cast<int32_t>((x >> 33) % o_.config.vocab);
-      targets_[i] = static_cast<int32_t>((x >> 13) % o_.config.vocab);
+      inputs[i] = static_cast<int32_t>((x >> 33) % o_.config.vocab);
+      targets[i] = static_cast<int32_t>((x >> 13) % o_.config.vocab);
     }
   }
-  return MicroBatch{inputs_.data(), targets_.data(), o_.batch, o_.config.ctx};
 }
 
 void Run::micro_step(int64_t k, const MicroBatch* mb, float scale, bool backward, bool reduce) {
