@@ -148,7 +148,7 @@ void Run::make_micro_batch(int64_t step, int64_t k, int32_t* inputs, int32_t* ta
               targets);
   } else {  // --benchmark: synthetic tokens, a pure function of (seed, step, rank, k)
     uint64_t x = o_.seed ^ (static_cast<uint64_t>(step) << 20) ^ (rank_ * 7919 + k);
-    for (size_t i = 0; i < inputs_.size(); ++i) {
+    for (int64_t i = 0; i < o_.batch * o_.config.ctx; ++i) {
       x = x * 6364136223846793005ULL + 1442695040888963407ULL;
       inputs[i] = static_cast<int32_t>((x >> 33) % o_.config.vocab);
       targets[i] = static_cast<int32_t>((x >> 13) % o_.config.vocab);
