@@ -75,6 +75,31 @@ constexpr DType dtype_of() {
   }
 }
 
+// 2^x on the special-function unit (ex2.approx: about 2 ulp, denormal results flushed to zero);
+// exp2(-inf) = +0, which attention's masking relies on. e^x is written fast_exp2(x * log2(e)),
+// folded into an fma with whatever x is shifted by.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Row and first column of flat chunk `idx` of an element-wise kernel (`chunks` chunks of kV
+// elements per row): a 32-bit division where the index allows; the 64-bit one was most of such
+// kernels' integer work.
+__device__ __forceinline__ void chunk_position(int64_t idx, int64_t chunks, int kV, int64_t& r,
+                                               int64_t& c) {
+  if (idx < (int64_t{1} << 32) && chunks < (int64_t{1} << 32)) {
+    const auto i = static_cast<uint32_t>(idx), n = static_cast<uint32_t>(chunks);
+    const uint32_t q = i / n;
+    r = q;
+    c = static_cast<int64_t>(i - q * n) * kV;
+  } else {
+    r = idx / chunks;
+    c = (idx % chunks) * kV;
+  }
+}
+
 // ---- element conversions: all arithmetic happens in fp32 ----
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -1,5 +1,6 @@
 // Softmax + cross-entropy over the vocabulary, fused with its backward (host-callable launchers;
-// kernels in cross_entropy.cu). All math in fp32 whatever the logits' type.
+// kernels in cross_entropy.cu). All math in fp32 whatever the logits' type; each exp is taken as
+// 2^(x log2 e) on the special-function unit (common.cuh's fast_exp2).
 //
 //   forward:  lse_i = m_i + log(sum_c exp(l[i,c] - m_i)),  m_i = max_c l[i,c]
 //             loss_i = lse_i - l[i, t_i]

@@ -15,7 +15,8 @@ __global__ void embedding_forward_kernel(const int32_t* __restrict__ ids,
   const int64_t chunks = d / kV;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n * chunks) return;
-  const int64_t row = idx / chunks, c = (idx % chunks) * kV;
+  int64_t row, c;
+  chunk_position(idx, chunks, kV, row, c);
   const int64_t token = ids[row];
   store_pack<kV>(out + row * d + c, load_pack<kV>(table + token * d + c));
 }

@@ -1,5 +1,6 @@
 // Warp-level building blocks of the attention kernels (sm_80+ PTX): asynchronous global->shared
-// copies, ldmatrix fragment loads, the bf16 m16n8k16 tensor-core MMA and a fast exp2.
+// copies, ldmatrix fragment loads and the bf16 m16n8k16 tensor-core MMA (fast_exp2 is in
+// common.cuh).
 //
 // Fragment layouts of mma.m16n8k16 (lane = 4*g + t, g = lane/4 in 0..7, t = lane%4 in 0..3):
 //   A (16x16, row-major), 4 regs of 2 bf16:  a0 = A[g][2t..2t+1]     a1 = A[g+8][2t..2t+1]
@@ -13,6 +14,8 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+
+#include "model/cuda/common.cuh"
 
 namespace trainer::cuda::flash {
 
@@ -106,13 +109,6 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
   atomicAdd(addr, a);
   atomicAdd(addr + 1, b);
 #endif
-}
-
-// 2^x on the special-function unit; exp2(-inf) = +0, which the masking relies on.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // Copies a tile of kRows rows x kCols bf16 (kCols % 8 == 0) from global rows with stride `ld`
