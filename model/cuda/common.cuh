@@ -85,8 +85,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // Row and first column of flat chunk `idx` of an element-wise kernel (`chunks` chunks of kV
-// elements per row): a 32-bit division where the index allows; the 64-bit one was most of such
-// kernels' integer work.
+// elements per row), by a 32-bit division where the index allows (a few instructions instead of
+// the 64-bit division's few dozen).
 __device__ __forceinline__ void chunk_position(int64_t idx, int64_t chunks, int kV, int64_t& r,
                                                int64_t& c) {
   if (idx < (int64_t{1} << 32) && chunks < (int64_t{1} << 32)) {
