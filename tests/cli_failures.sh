@@ -255,6 +255,10 @@ stop_at_start() {
   shift 4
   local before
   before=$(ls "$dir" 2>/dev/null; cat "$dir/metrics.jsonl" 2>/dev/null)
+  # Emptied here, not only by the background command's redirection: on a loaded machine the wait
+  # below could otherwise read the previous call's "waiting" lines and signal a process that has
+  # not installed its handlers yet (seen in CI: the run died of SIGUSR1).
+  : > "$tmp/start.log"
   "$@" > "$tmp/start.log" 2>&1 &
   local pid=$! waited=0
   until [[ $(grep -c -- "--debug-start-ms 2000: waiting" "$tmp/start.log") -ge $ranks ||
