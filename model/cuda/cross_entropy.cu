@@ -2,6 +2,7 @@
 // online (max, sum) pass, a block reduction, then the optional gradient pass over the same row.
 #include "model/cuda/common.cuh"
 #include "model/cuda/cross_entropy.cuh"
+#include "model/cuda/flash/tma.cuh"
 
 namespace trainer::cuda {
 namespace {
@@ -87,26 +88,50 @@ __device__ double warp_sum_double(double v) {
   return v;
 }
 
-// Row i = blockIdx.x. kV logits per access on [0, V/kV*kV), then one at a time.
-template <typename T, int kV, bool kGrad>
+// Row i = blockIdx.x. kV logits per access on [0, V/kV*kV), then one at a time. kStaged (16-byte
+// packs): one thread first has the copy engine bring the whole row into shared memory (a bulk
+// copy, every byte of it in flight at once) and both passes read it there; otherwise each pass
+// reads global memory, a pack per thread at a time, and waits on memory latency more than on
+// bandwidth (Nsight Compute: 9.6 of 21.9 cycles between issues). The arithmetic is the same.
+template <typename T, int kV, bool kGrad, bool kStaged>
 __global__ void cross_entropy_kernel(T* logits, int64_t ld, const int32_t* __restrict__ targets,
                                      float* __restrict__ losses, double* loss_sum,
                                      unsigned* counter, int64_t n, int V, float scale) {
   wait_for_prior_grid();  // launched dependent on the kernel before it (common.cuh)
+  extern __shared__ __align__(16) unsigned char staged[];
+  __shared__ uint64_t landed;
   __shared__ float sm[kWarp + 1], ss[kWarp + 1];
   __shared__ double sd[32];
   __shared__ bool last;
   const int64_t row = blockIdx.x;
   T* l = logits + row * ld;
+  const T* r = l;  // where the passes read the row
+  if constexpr (kStaged) {
+    static_assert(kV * sizeof(T) == 16, "a staged row is copied in 16-byte units");
+    const auto bar = static_cast<uint32_t>(__cvta_generic_to_shared(&landed));
+    if (threadIdx.x == 0) {
+      flash::tma::barrier_init(bar, 1);
+      flash::tma::fence_barrier_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const auto bytes = static_cast<uint32_t>((V + kV - 1) / kV * kV * sizeof(T));
+      flash::tma::arrive_expect_tx(bar, bytes);
+      flash::tma::load_bytes(static_cast<uint32_t>(__cvta_generic_to_shared(staged)), l, bytes,
+                             bar);
+    }
+    flash::tma::wait(bar, 0);
+    r = reinterpret_cast<const T*>(staged);
+  }
   const int t = targets[row];
   // Read before the block barrier inside block_max_sum: nothing overwrites it before then.
-  const float lt = to_float(l[t]);
+  const float lt = to_float(r[t]);
   const int v_vec = V / kV * kV;
   MaxSum acc;
   for (int c = threadIdx.x * kV; c < v_vec; c += blockDim.x * kV) {
-    acc.add_pack(load_pack<kV>(l + c));
+    acc.add_pack(load_pack<kV>(r + c));
   }
-  for (int c = v_vec + threadIdx.x; c < V; c += blockDim.x) acc.add(to_float(l[c]));
+  for (int c = v_vec + threadIdx.x; c < V; c += blockDim.x) acc.add(to_float(r[c]));
   const MaxSum tot = block_max_sum(acc, sm, ss);
   // log-sum-exp in base 2, as the gradient's exponent uses it: m log2 e + log2 s.
   const float lse2 = fmaf(tot.m, kLog2e, log2f(tot.s));
@@ -118,7 +143,7 @@ __global__ void cross_entropy_kernel(T* logits, int64_t ld, const int32_t* __res
     // that holds it, so a logit costs an fma and an exp2.
     const float offset = log2f(scale) - lse2;
     for (int c = threadIdx.x * kV; c < v_vec; c += blockDim.x * kV) {
-      Pack<T, kV> p = load_pack<kV>(l + c);
+      Pack<T, kV> p = load_pack<kV>(r + c);
       float g[kV];
 #pragma unroll
       for (int k = 0; k < kV; ++k) g[k] = fast_exp2(fmaf(to_float(p.v[k]), kLog2e, offset));
@@ -132,7 +157,7 @@ __global__ void cross_entropy_kernel(T* logits, int64_t ld, const int32_t* __res
       store_pack<kV>(l + c, p);
     }
     for (int c = v_vec + threadIdx.x; c < V; c += blockDim.x) {
-      const float g = fast_exp2(fmaf(to_float(l[c]), kLog2e, offset));
+      const float g = fast_exp2(fmaf(to_float(r[c]), kLog2e, offset));
       l[c] = from_float<T>(c == t ? g - scale : g);
     }
   }
@@ -167,14 +192,26 @@ void launch(T* logits, int64_t ld, const int32_t* targets, float* losses, double
   if (n == 0) return;
   const int threads = V >= 16384 ? 512 : (V >= 1024 ? 256 : 128);
   const int Vi = static_cast<int>(V);
-  if (vector_width<T>({logits}, {ld}) == kPack<T>)
-    launch_dependent(cross_entropy_kernel<T, kPack<T>, kGrad>, dim3(static_cast<unsigned>(n)),
-                     dim3(threads), 0, stream, logits, ld, targets, losses, loss_sum, counter, n,
-                     Vi, scale);
-  else
-    launch_dependent(cross_entropy_kernel<T, 1, kGrad>, dim3(static_cast<unsigned>(n)),
-                     dim3(threads), 0, stream, logits, ld, targets, losses, loss_sum, counter, n,
-                     Vi, scale);
+  const dim3 grid(static_cast<unsigned>(n));
+  if (vector_width<T>({logits}, {ld}) != kPack<T>)
+    return launch_dependent(cross_entropy_kernel<T, 1, kGrad, false>, grid, dim3(threads), 0,
+                            stream, logits, ld, targets, losses, loss_sum, counter, n, Vi, scale);
+  // Rows staged in shared memory up to GPT-2's vocabulary in bf16 (100.5 KB: two blocks per SM).
+  constexpr int64_t kMaxStaged = 112 * 1024;
+  const int64_t staged = ceil_div(V, kPack<T>) * kPack<T> * static_cast<int64_t>(sizeof(T));
+  if (staged <= kMaxStaged && dependent_launch_supported()) {
+    auto* kernel = cross_entropy_kernel<T, kPack<T>, kGrad, true>;
+    static const bool sized = [&] {
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kMaxStaged)));
+      return true;
+    }();
+    (void)sized;
+    return launch_dependent(kernel, grid, dim3(threads), static_cast<size_t>(staged), stream,
+                            logits, ld, targets, losses, loss_sum, counter, n, Vi, scale);
+  }
+  launch_dependent(cross_entropy_kernel<T, kPack<T>, kGrad, false>, grid, dim3(threads), 0, stream,
+                   logits, ld, targets, losses, loss_sum, counter, n, Vi, scale);
 }
 
 }  // namespace

@@ -74,6 +74,17 @@ __device__ __forceinline__ void load_4d(uint32_t dst, const CUtensorMap* map, ui
       : "memory");
 }
 
+// Bulk copy of `bytes` contiguous bytes (a multiple of 16; both addresses 16-byte aligned) from
+// global `src` to shared address `dst`, completion counted on `bar`.
+__device__ __forceinline__ void load_bytes(uint32_t dst, const void* src, uint32_t bytes,
+                                           uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
 // Loads rows [row0, row0 + kRows) x all kCols columns of head h of batch b as ceil(kCols / 64)
 // SW128 panels of kRows x 64 at dst, dst + kRows * 128, ... (dst 1024-byte aligned). Rows >= T and
 // columns >= kCols (head dim 80: the second panel's last 48) are zero-filled by the copy engine;
