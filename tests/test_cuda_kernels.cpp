@@ -475,6 +475,38 @@ TEMPLATE_TEST_CASE("rope forward and backward match the CPU", "[cuda]", float, b
       CHECK(rel_err(download(y_d), ref) < tol<T>());
     }
 
+    // The flash path's use: q and k rotated in place in the [v | k | q] columns of one (n, 3d)
+    // matrix; v is left alone.
+    {
+      const std::vector<float> m = quantized<T>(randn(n * 3 * d, 1.0f, 23));
+      Dev<T> m_d = upload<T>(m);
+      cuda::RopeJobs<T> jobs;
+      jobs.add(m_d.p() + 2 * d, m_d.p() + 2 * d, true);
+      jobs.add(m_d.p() + d, m_d.p() + d, true);
+      cuda::rope(jobs, cuda::QkvLayout::kTokenMajor, 3 * d, cuda::QkvLayout::kTokenMajor, 3 * d, B,
+                 seq, H, dh, table_d.p(), false, nullptr);
+      std::vector<float> q(n * d), k(n * d);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < d; ++c) {
+          k[i * d + c] = m[i * 3 * d + d + c];
+          q[i * d + c] = m[i * 3 * d + 2 * d + c];
+        }
+      cpu::rope_forward(q.data(), n, seq, d, dh, 10000.0f);
+      cpu::rope_forward(k.data(), n, seq, d, dh, 10000.0f);
+      const std::vector<float> got = download(m_d);
+      std::vector<float> got_q(n * d), got_k(n * d);
+      bool v_kept = true;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < d; ++c) {
+          v_kept = v_kept && got[i * 3 * d + c] == m[i * 3 * d + c];
+          got_k[i * d + c] = got[i * 3 * d + d + c];
+          got_q[i * d + c] = got[i * 3 * d + 2 * d + c];
+        }
+      CHECK(v_kept);
+      CHECK(rel_err(got_q, q) < tol<T>());
+      CHECK(rel_err(got_k, k) < tol<T>());
+    }
+
     // The replica's use: [v | k | q] columns of one (n, 3d) matrix to head-major q, k (rotated)
     // and v (copied), then back with the inverse into the (n, 3d) matrix.
     const std::vector<float> vkq = quantized<T>(randn(n * 3 * d, 1.0f, 22));
