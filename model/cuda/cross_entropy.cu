@@ -199,7 +199,7 @@ void launch(T* logits, int64_t ld, const int32_t* targets, float* losses, double
   // Rows staged in shared memory up to GPT-2's vocabulary in bf16 (100.5 KB: two blocks per SM).
   constexpr int64_t kMaxStaged = 112 * 1024;
   const int64_t staged = ceil_div(V, kPack<T>) * kPack<T> * static_cast<int64_t>(sizeof(T));
-  if (staged <= kMaxStaged && dependent_launch_supported()) {
+  if (staged <= kMaxStaged && dependent_launch_supported()) {  // 9.0+, as the bulk copy needs
     auto* kernel = cross_entropy_kernel<T, kPack<T>, kGrad, true>;
     static const bool sized = [&] {
       CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -7,9 +7,9 @@
 //   backward: dl[i,c] = scale * (exp(l[i,c] - lse_i) - [c == t_i])
 //
 // The backward needs nothing but lse_i and the logits, so the fused version writes dl over the
-// logits in the same pass that found lse_i (the second read of a row hits L1/L2). The replica
-// runs it in forward with scale 1 and applies the backward's scale as the alpha of the two
-// lm_head matmuls that consume dl.
+// logits in the same kernel that found lse_i (the row comes from memory once: staged in shared
+// memory, or read again from L1/L2). The replica runs it in forward with scale 1 and applies the
+// backward's scale as the alpha of the two lm_head matmuls that consume dl.
 //
 // The token losses are also summed on the device: when `loss_sum` is given, the last block to
 // finish adds sum_i loss_i (in a fixed order, so deterministically) to *loss_sum (fp64).
