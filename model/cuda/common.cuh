@@ -76,8 +76,9 @@ constexpr DType dtype_of() {
 }
 
 // 2^x on the special-function unit (ex2.approx: about 2 ulp, denormal results flushed to zero);
-// exp2(-inf) = +0, which attention's masking relies on. e^x is written fast_exp2(x * log2(e)),
+// exp2(-inf) = +0, which attention's masking relies on. e^x is written fast_exp2(x * kLog2e),
 // folded into an fma with whatever x is shifted by.
+inline constexpr float kLog2e = 1.4426950408889634f;
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

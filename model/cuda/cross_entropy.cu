@@ -1,5 +1,7 @@
 // Fused softmax + cross-entropy (see cross_entropy.cuh for the math). One block per row; an
 // online (max, sum) pass, a block reduction, then the optional gradient pass over the same row.
+#include <atomic>
+
 #include "model/cuda/common.cuh"
 #include "model/cuda/cross_entropy.cuh"
 #include "model/cuda/flash/tma.cuh"
@@ -7,10 +9,9 @@
 namespace trainer::cuda {
 namespace {
 
-// log2(e) and ln(2) in fp32: e^x is computed as 2^(x log2 e) on the special-function unit
-// (fast_exp2), two instructions where expf takes about eight; with one expf per logit in each
-// pass, expf made the kernel instruction-bound (80% of issue slots busy, DRAM at 37%).
-constexpr float kLog2e = 1.4426950408889634f;
+// e^x is computed as 2^(x log2 e) on the special-function unit (fast_exp2, kLog2e), two
+// instructions where expf takes about eight; with one expf per logit in each pass, expf made the
+// kernel instruction-bound (80% of issue slots busy, DRAM at 37%). ln(2) turns lse2 back.
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Running softmax statistics: max m and sum s of exp(x - m) over the values seen.
@@ -201,12 +202,8 @@ void launch(T* logits, int64_t ld, const int32_t* targets, float* losses, double
   const int64_t staged = ceil_div(V, kPack<T>) * kPack<T> * static_cast<int64_t>(sizeof(T));
   if (staged <= kMaxStaged && dependent_launch_supported()) {  // 9.0+, as the bulk copy needs
     auto* kernel = cross_entropy_kernel<T, kPack<T>, kGrad, true>;
-    static const bool sized = [&] {
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(kMaxStaged)));
-      return true;
-    }();
-    (void)sized;
+    static std::atomic<uint64_t> configured{0};
+    ensure_smem_limit(kernel, static_cast<int>(kMaxStaged), configured);
     return launch_dependent(kernel, grid, dim3(threads), static_cast<size_t>(staged), stream,
                             logits, ld, targets, losses, loss_sum, counter, n, Vi, scale);
   }

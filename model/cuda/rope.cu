@@ -120,10 +120,11 @@ void rope_impl(const RopeJobs<T>& jobs, QkvLayout in_layout, int64_t ld_in, QkvL
                 "rope: B {} T {} H {} head_dim {}", B, T_, H, dh);
   TRAINER_CHECK((in_hm || ld_in >= d) && (out_hm || ld_out >= d),
                 "rope: row strides {} / {} below d {}", ld_in, ld_out, d);
-  bool any_rotate = false;
+  bool any_rotate = false, all_rotate = true;
   for (int j = 0; j < jobs.count; ++j) {
     TRAINER_CHECK(jobs.in[j] && jobs.out[j], "rope: null pointer in job {}", j);
     any_rotate = any_rotate || jobs.rotate[j];
+    all_rotate = all_rotate && jobs.rotate[j];
   }
   TRAINER_CHECK(!any_rotate || table, "rope: rotation without a cos/sin table");
   if (n == 0 || jobs.count == 0) return;
@@ -132,8 +133,6 @@ void rope_impl(const RopeJobs<T>& jobs, QkvLayout in_layout, int64_t ld_in, QkvL
       dh % kPack<T> == 0 && (in_hm || ld_in % kPack<T> == 0) && (out_hm || ld_out % kPack<T> == 0);
   for (int j = 0; j < jobs.count; ++j)
     wide = wide && vector_width<T>({jobs.in[j], jobs.out[j]}, {}) == kPack<T>;
-  bool all_rotate = true;
-  for (int j = 0; j < jobs.count; ++j) all_rotate = all_rotate && jobs.rotate[j];
   if (wide && !in_hm && !out_hm && ld_in == ld_out && all_rotate && dh % 4 == 0 &&
       n * d < (int64_t{1} << 31)) {
     constexpr int kRows = 2;

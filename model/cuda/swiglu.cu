@@ -9,7 +9,7 @@ namespace {
 // each): with expf and an IEEE division the kernels were instruction-bound rather than
 // memory-bound. For a below about -88, e^-a is +inf and the result 0.
 __device__ __forceinline__ float sigmoid(float a) {
-  return __fdividef(1.0f, 1.0f + fast_exp2(-1.4426950408889634f * a));
+  return __fdividef(1.0f, 1.0f + fast_exp2(-kLog2e * a));
 }
 
 // forward: out = a * sigmoid(a) * b

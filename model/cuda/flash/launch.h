@@ -21,7 +21,7 @@
 
 namespace trainer::cuda::flash {
 
-inline constexpr float kLog2e = 1.4426950408889634f;
+using cuda::kLog2e;  // common.cuh, beside fast_exp2
 
 // Kernel arguments of one forward / one backward main kernel (FA2 and wgmma take the same ones).
 // q, k, v, o, dout, dk, dv: bf16 (B, T, H*dh) rows, q, k, v and dk, dv with the row strides below
