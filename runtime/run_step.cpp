@@ -190,18 +190,12 @@ void Run::await_params(int64_t from, bool in_forward) {
       ++it;
       continue;
     }
-    if (!waits && in_forward) {
-      timer_->end(Phase::kForward);
-      timer_->begin(Phase::kOptimizer);
-    }
+    if (!waits && in_forward) timer_->switch_phase(Phase::kForward, Phase::kOptimizer);
     waits = true;
     update_lane_->wait(it->mark);
     it = updating_.erase(it);
   }
-  if (waits && in_forward) {
-    timer_->end(Phase::kOptimizer);
-    timer_->begin(Phase::kForward);
-  }
+  if (waits && in_forward) timer_->switch_phase(Phase::kOptimizer, Phase::kForward);
 #endif
   std::vector<CommHandle> due;
   for (auto it = gathers_.begin(); it != gathers_.end();) {

@@ -37,6 +37,11 @@ class StepTimer {
   virtual ~StepTimer() = default;
   virtual void begin(Phase p) = 0;
   virtual void end(Phase p) = 0;
+  // end(from) and begin(to) at one instant (the CUDA timer records one event for both).
+  virtual void switch_phase(Phase from, Phase to) {
+    end(from);
+    begin(to);
+  }
   // Ends the step: waits for its recorded intervals and returns their sums in milliseconds.
   virtual PhaseTimes collect() = 0;
   // The intervals of the step last collected (for --trace).

@@ -48,8 +48,17 @@ class CudaTimer : public StepTimer {
   }
   void end(Phase p) override {
     if (p == Phase::kData) return host_.end(p);
-    (capturing_ ? captured_ : intervals_)
-        .push_back({static_cast<int>(p), open_[static_cast<int>(p)], record()});
+    close(p, record());
+  }
+  // One event closes `from` and opens `to`: a forward that waits for the update beside it does so
+  // at every block, and each timed event recorded between two kernels widens the gap between them
+  // (small 16 x 1024 on one H200: 7.9 -> 5.2 us before each block's first kernel with two events
+  // instead of four).
+  void switch_phase(Phase from, Phase to) override {
+    if (from == Phase::kData || to == Phase::kData) return StepTimer::switch_phase(from, to);
+    const cudaEvent_t e = record();
+    close(from, e);
+    open_[static_cast<int>(to)] = e;
   }
   void begin_capture() override {
     capturing_ = true;
@@ -81,6 +90,10 @@ class CudaTimer : public StepTimer {
     int phase;
     cudaEvent_t start, stop;
   };
+  void close(Phase p, cudaEvent_t stop) {
+    (capturing_ ? captured_ : intervals_)
+        .push_back({static_cast<int>(p), open_[static_cast<int>(p)], stop});
+  }
   // Eager events come from a pool that grows only in the first step.
   cudaEvent_t record() {
     if (capturing_) {
