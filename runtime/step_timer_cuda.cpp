@@ -52,7 +52,7 @@ class CudaTimer : public StepTimer {
   }
   // One event closes `from` and opens `to`: a forward that waits for the update beside it does so
   // at every block, and each timed event recorded between two kernels widens the gap between them
-  // (small 16 x 1024 on one H200: 7.9 -> 5.2 us before each block's first kernel with two events
+  // (small 16 x 1024 on one H200: 8.1 -> 5.2 us before each block's first kernel with two events
   // instead of four).
   void switch_phase(Phase from, Phase to) override {
     if (from == Phase::kData || to == Phase::kData) return StepTimer::switch_phase(from, to);
