@@ -8,6 +8,13 @@
 namespace trainer::cuda {
 namespace {
 
+// Entry `job` of one of RopeJobs' arrays, indexed by constants only: indexing a kernel parameter's
+// array with a runtime value (the block's job) would copy it to local memory in every thread.
+template <typename E>
+__device__ __forceinline__ E job_entry(const E (&entries)[3], int job) {
+  return job == 0 ? entries[0] : job == 1 ? entries[1] : entries[2];
+}
+
 // forward:  (x0, x1) -> (x0 c - x1 s, x0 s + x1 c)
 // backward: (g0, g1) -> (g0 c + g1 s, -g0 s + g1 c)   (the same with s negated)
 // One thread moves kV consecutive channels (kV/2 pairs) of one head, in kRows rows of one job
@@ -19,12 +26,10 @@ __global__ void rope_kernel(RopeJobs<T> jobs, bool in_head_major, int64_t ld_in,
                             bool out_head_major, int64_t ld_out, int64_t n, int T_, int H, int dh,
                             const float2* __restrict__ table, bool inverse) {
   wait_for_prior_grid();  // launched dependent on the kernel before it (common.cuh)
-  // Constant indices only: indexing the parameter arrays with blockIdx.z would copy them to
-  // local memory in every thread.
   const int job = blockIdx.z;
-  const T* in = job == 0 ? jobs.in[0] : job == 1 ? jobs.in[1] : jobs.in[2];
-  T* out = job == 0 ? jobs.out[0] : job == 1 ? jobs.out[1] : jobs.out[2];
-  const bool rotate = job == 0 ? jobs.rotate[0] : job == 1 ? jobs.rotate[1] : jobs.rotate[2];
+  const T* in = job_entry(jobs.in, job);
+  T* out = job_entry(jobs.out, job);
+  const bool rotate = job_entry(jobs.rotate, job);
   const int h = blockIdx.y * blockDim.y + threadIdx.y;
   if (h >= H) return;
   const int e = threadIdx.x * kV;
@@ -72,8 +77,8 @@ __global__ void rope_rows_kernel(RopeJobs<T> jobs, int64_t ld, int n, int T_, in
   wait_for_prior_grid();  // launched dependent on the kernel before it (common.cuh)
   constexpr int kV = kPack<T>;
   const int job = blockIdx.y;
-  const T* in = job == 0 ? jobs.in[0] : job == 1 ? jobs.in[1] : jobs.in[2];
-  T* out = job == 0 ? jobs.out[0] : job == 1 ? jobs.out[1] : jobs.out[2];
+  const T* in = job_entry(jobs.in, job);
+  T* out = job_entry(jobs.out, job);
   const auto packs = static_cast<unsigned>(d / kV);
   const unsigned idx = blockIdx.x * blockDim.x + threadIdx.x;
   const unsigned group = idx / packs;
