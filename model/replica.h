@@ -60,6 +60,9 @@ struct ReplicaOptions {
   // CUDA: SMs forward's GEMMs leave to the update beside them, while one is in flight
   // (Replica::set_update_in_flight).
   int update_sms = 0;
+  // CUDA: backward's weight-gradient GEMMs on a second stream, planned for this many SMs fewer
+  // than the rest of backward's (-1: on the compute stream, in order).
+  int wgrad_sms = -1;
 };
 
 // One line of the memory report: what a buffer holds, and its bytes as allocated.

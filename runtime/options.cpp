@@ -44,7 +44,24 @@ std::optional<int> parse_update_sms(const std::string& text) {
   return static_cast<int>(*n);
 }
 
+// --wgrad-stream as -1 (off) or a number of SMs, nullopt for auto; UsageError for anything else.
+std::optional<int> parse_wgrad_stream(const std::string& text) {
+  if (text == "auto") return std::nullopt;
+  if (text == "off") return -1;
+  const auto n = parse_decimal(text, 64);
+  if (!n) usage_error("--wgrad-stream must be auto, off or a number in [0, 64] (got '{}')", text);
+  return static_cast<int>(*n);
+}
+
 }  // namespace
+
+int Options::wgrad_sms_for(bool cuda) const {
+  const std::optional<int> n = parse_wgrad_stream(wgrad_stream);
+  if (!n) return cuda ? 24 : -1;
+  if (*n >= 0 && !cuda)
+    usage_error("--wgrad-stream {} needs --device cuda (the CPU backend has no streams)", *n);
+  return *n;
+}
 
 int Options::update_sms_for(bool update_beside_forward, int64_t parameters) const {
   const std::optional<int> n = parse_update_sms(update_sms);
@@ -152,6 +169,10 @@ Options parse_options(int argc, char** argv) {
                  "fewer than the GPU has while the update runs, leaving those SMs to it (0 = "
                  "every SM to the GEMMs; auto: 24 for models of 1.5 B parameters or more, else "
                  "0)");
+  app.add_option("--wgrad-stream", o.wgrad_stream,
+                 "auto | off | N: backward's weight-gradient GEMMs on a second stream beside the "
+                 "chain of input gradients, planned for N SMs fewer than the GPU has, which that "
+                 "chain keeps (0 = every SM, the very numbers of off; auto: 24 on cuda)");
   app.add_option("--ddp", o.ddp, "none | naive | flat | overlap | bucketed");
   app.add_option(
       "--bucket-mb", o.bucket_mb,
@@ -259,7 +280,8 @@ void validate_options(const Options& o) {
         "fp32 sums by copy engines with --grad-reduce fp32)");
   if (o.comm_sms < 0 || o.comm_sms > 64)
     usage_error("--comm-sms must lie in [0, 64] (got {})", o.comm_sms);
-  parse_update_sms(o.update_sms);  // throws UsageError naming --update-sms
+  parse_update_sms(o.update_sms);      // throws UsageError naming --update-sms
+  parse_wgrad_stream(o.wgrad_stream);  // throws UsageError naming --wgrad-stream
   if (!(o.time_limit_min >= 0) || !std::isfinite(o.time_limit_min))
     usage_error("--time-limit must be a finite number of minutes >= 0 (got {})", o.time_limit_min);
   if (!(o.comm_timeout > 0))
@@ -316,7 +338,8 @@ std::string settings_fingerprint(const Options& o) {
     << "\neval-every=" << o.eval_every << "\neval-batches=" << o.eval_batches << "\n";
   s << "device=" << o.device << "\nprecision=" << o.precision << "\nattn=" << o.attention
     << "\nrecompute=" << o.recompute << "\ncuda-graph=" << o.cuda_graph
-    << "\noverlap-update=" << o.overlap_update << "\nupdate-sms=" << o.update_sms << "\n";
+    << "\noverlap-update=" << o.overlap_update << "\nupdate-sms=" << o.update_sms
+    << "\nwgrad-stream=" << o.wgrad_stream << "\n";
   s << "ddp=" << o.ddp << "\nbucket-mb=" << o.bucket_mb << "\nshard-optim=" << o.shard_optim
     << "\ngrad-reduce=" << o.grad_reduce << "\ncomm-sms=" << o.comm_sms
     << "\ngrad-transport=" << o.grad_transport << "\n";

@@ -52,6 +52,10 @@ struct Options {
   // SMs forward's GEMMs leave to the update beside them: auto | N in [0, 64] (0 = every SM theirs;
   // auto: update_sms_for(), below).
   std::string update_sms = "auto";
+  // CUDA: backward's weight-gradient GEMMs on a second stream beside the chain of input
+  // gradients: auto | off | N in [0, 64], the SMs those GEMMs leave to that chain (0 = every SM:
+  // the very numbers of off; auto: wgrad_sms_for(), below).
+  std::string wgrad_stream = "auto";
   std::string ddp = "bucketed";
   double bucket_mb = 25;
   bool shard_optim = false;
@@ -102,6 +106,10 @@ struct Options {
   // (measured on H100 and H200: docs/performance.md), 0 for smaller ones, where the GEMMs lose
   // more than the update gains. Throws UsageError for a number beside no update.
   int update_sms_for(bool update_beside_forward, int64_t parameters) const;
+  // --wgrad-stream resolved: -1 for off, else the SMs the weight-gradient GEMMs leave to the rest
+  // of backward. auto: 24 on a GPU (docs/performance.md), off on the CPU backend, which has no
+  // streams. Throws UsageError for a number without a GPU.
+  int wgrad_sms_for(bool cuda) const;
 };
 
 // Parses argv; throws UsageError on any bad flag or value. With `--help` it returns at once with

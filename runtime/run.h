@@ -219,6 +219,7 @@ class Run {
   // of each part's range, and its mark on the update lane).
   bool overlap_update_ = false;
   int update_sms_ = 0;  // SMs forward's GEMMs leave to the update beside them (--update-sms)
+  int wgrad_sms_ = -1;  // --wgrad-stream resolved: -1 off, else the SMs its GEMMs leave
   struct PendingPart {
     int64_t end;
     int mark;

@@ -178,6 +178,7 @@ int Run::check_inputs() {
           "several ranks are not recorded into the graph",
           nranks_);
     update_sms_ = o_.update_sms_for(update_beside_forward(), layout_.total());
+    wgrad_sms_ = o_.wgrad_sms_for(device_ == DeviceKind::kCuda);
     if (o_.overlap_update == "on") {
       if (device_ == DeviceKind::kCpu)
         usage_error("--overlap-update on needs --device cuda (the CPU backend has no streams)");
@@ -356,6 +357,7 @@ void Run::build(int gpu) {
   if (o_.cuda_graph) ro.graph_slots = static_cast<int>(o_.grad_accum);
   ro.urgent_stream = overlap_update_;
   ro.update_sms = update_sms_;  // resolved in check_inputs()
+  ro.wgrad_sms = wgrad_sms_;
   ro.optimizer_elems = owned_.size();
   ro.optimizer_bytes_per_elem = AdamW::state_bytes_per_elem(o_.adamw().moments);
   grad_copies_ = device_ == DeviceKind::kCuda && nranks_ > 1 && o_.grad_transport == "ce" &&

@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -141,6 +142,9 @@ class CudaReplica final : public Replica {
     v.insert(v.end(), carve_items_.begin(), carve_items_.end());
     if (staging_.bytes()) v.push_back({"parameter upload staging (fp32)", bytes(staging_)});
     v.push_back({"cuBLASLt workspace", static_cast<int64_t>(Matmul::kWorkspaceBytes)});
+    if (lane_.mm)
+      v.push_back({"cuBLASLt workspace (weight gradients' stream)",
+                   static_cast<int64_t>(Matmul::kWorkspaceBytes)});
     return v;
   }
   std::string attention_kernel() const override {
@@ -218,9 +222,18 @@ class CudaReplica final : public Replica {
   // dx[n, d_in] (+)= alpha * dy W   (dy row stride ldy)
   void linear_backward_data(const T* dy, int64_t ldy, const T* W, T* dx, int64_t n, int64_t d_in,
                             int64_t d_out, float alpha, bool accumulate);
-  // dW[d_out, d_in] += alpha * dy^T x   (gradient of grad_dtype_)
-  void linear_backward_weight(const T* dy, int64_t ldy, const T* x, void* dW, int64_t n,
-                              int64_t d_in, int64_t d_out, float alpha);
+  // dW[d_out, d_in] += alpha * dy^T x   (gradient of grad_dtype_), on the weight-gradient lane
+  // when it is on. Returns the lane's count of products once this one is queued (0: none).
+  int64_t linear_backward_weight(const T* dy, int64_t ldy, const T* x, void* dW, int64_t n,
+                                 int64_t d_in, int64_t d_out, float alpha);
+  // The lane's next products start after what the compute stream has queued so far.
+  void fork_lane();
+  // The compute stream waits for the lane's first `count` products; then reports the gradients
+  // that became final.
+  void await_lane(int64_t count);
+  // Reports tensor `index` ready (in call order) once the compute stream has waited for the
+  // lane's first `needs` products.
+  void report(int index, int64_t needs);
   // att = attention(q, k, v) and its backward into dq_, dk_, dv_, by the chosen path.
   void attention_layer_forward(BlockActs& a, int64_t B, int64_t seq);
   void attention_layer_backward(BlockActs& a, const T* datt, int64_t B, int64_t seq);
@@ -228,8 +241,7 @@ class CudaReplica final : public Replica {
   // The parts of block l's forward that recompute reruns in backward (into acts_[l]).
   void attention_half_forward(int64_t l, int64_t B, int64_t seq);
   void ffn_gate_forward(int64_t l, int64_t n);
-  void group_backward(const LinearGroup& gr, const T* x, const T* dy, T* dx, int64_t n,
-                      const GradReadyFn& ready);
+  void group_backward(const LinearGroup& gr, const T* x, const T* dy, T* dx, int64_t n);
 
   ModelConfig config_;
   ParamLayout layout_;
@@ -253,6 +265,22 @@ class CudaReplica final : public Replica {
 
   StreamHandle stream_;
   std::unique_ptr<Matmul> mm_;
+  // --wgrad-stream: backward's weight-gradient GEMMs on a stream of their own. Each starts once
+  // its inputs exist and runs beside the chain of input gradients, the critical path; the compute
+  // stream waits for a product only before it overwrites one of that product's inputs. A gradient
+  // is reported ready only after the compute stream has waited for it, so the caller's events on
+  // stream() still follow every write to it.
+  struct WgradLane {
+    static constexpr int kRing = 16;  // products not yet waited for, at most (a block has 2-5)
+    StreamHandle stream;
+    std::unique_ptr<Matmul> mm;  // its own workspace: its products run beside the compute stream's
+    EventHandle fork;
+    std::array<EventHandle, kRing> done;  // product i (from 1) ends at done[(i - 1) % kRing]
+    int64_t issued = 0, waited = 0;
+    int sm_target = 0;  // cuBLASLt SM target of its products (0: every SM)
+  } lane_;
+  std::deque<std::pair<int, int64_t>> pending_;  // (tensor, lane products it needs), in order
+  const GradReadyFn* ready_ = nullptr;           // during backward()
   DeviceBuffer params_, grads_, arena_, staging_, emb_scratch_;
   int64_t arena_bytes_ = 0;
   std::vector<MemoryItem> carve_items_;  // the arena by category, from carve()
@@ -403,7 +431,9 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   // is refused before any work.
   const int64_t optim_bytes =
       (o.optimizer_elems >= 0 ? o.optimizer_elems : flat_) * o.optimizer_bytes_per_elem;
-  const int64_t work_bytes = static_cast<int64_t>(Matmul::kWorkspaceBytes) + kStagingFloats * 4;
+  const int64_t work_bytes =
+      static_cast<int64_t>(Matmul::kWorkspaceBytes) * (o.wgrad_sms >= 0 ? 2 : 1) +
+      kStagingFloats * 4;
   const int64_t need = param_bytes + grad_bytes + arena_bytes_ + optim_bytes + work_bytes;
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -419,6 +449,21 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   CUDA_CHECK(cudaStreamCreateWithPriority(&stream_.s, cudaStreamNonBlocking,
                                           o.urgent_stream ? greatest : least));
   mm_ = std::make_unique<Matmul>();
+  if (o.wgrad_sms >= 0) {
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index_));
+    const int base = backward_sms_ ? backward_sms_ : sms;
+    if (o.wgrad_sms > 0 && base - o.wgrad_sms < 8)
+      usage_error("--wgrad-stream {} leaves the weight-gradient GEMMs {} of this GPU's {} SMs",
+                  o.wgrad_sms, base - o.wgrad_sms, base);
+    lane_.sm_target = o.wgrad_sms > 0 ? base - o.wgrad_sms : backward_sms_;
+    // Lowest priority: where both streams have blocks waiting, the input gradients' go first.
+    CUDA_CHECK(cudaStreamCreateWithPriority(&lane_.stream.s, cudaStreamNonBlocking, least));
+    lane_.mm = std::make_unique<Matmul>();
+    CUDA_CHECK(cudaEventCreateWithFlags(&lane_.fork.e, cudaEventDisableTiming));
+    for (EventHandle& ev : lane_.done)
+      CUDA_CHECK(cudaEventCreateWithFlags(&ev.e, cudaEventDisableTiming));
+  }
   params_ = DeviceBuffer(DeviceKind::kCuda, dtype_of<T>(), flat_);
   grads_ = DeviceBuffer(DeviceKind::kCuda, grad_dtype_, flat_);
   if (emb_scratch) emb_scratch_ = DeviceBuffer(DeviceKind::kCuda, DType::kF32, emb_elems);
@@ -450,18 +495,23 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   CUDA_CHECK(cudaDeviceSynchronize());
 
   spdlog::info(
-      "CUDA replica on GPU {}: {} weights, {} attention, activations {} for {} x {}{}{}",
+      "CUDA replica on GPU {}: {} weights, {} attention, activations {} for {} x {}{}{}{}",
       device_index_, tf32_ ? "fp32 (tf32 matmuls)" : precision_name(o.precision),
       flash_ ? "flash" : "simple", gib(static_cast<double>(arena_bytes_)), o.max_batch, c.ctx,
       backward_sms_ ? fmt::format(", backward GEMMs on {} SMs", backward_sms_) : std::string(),
       forward_sms_ ? fmt::format(", forward GEMMs on {} SMs beside the update", forward_sms_)
-                   : std::string());
+                   : std::string(),
+      !lane_.mm ? std::string()
+      : lane_.sm_target
+          ? fmt::format(", weight gradients on a second stream ({} SMs)", lane_.sm_target)
+          : std::string(", weight gradients on a second stream"));
 }
 
 template <typename T>
 CudaReplica<T>::~CudaReplica() {
   // Finish queued work before buffers go away; errors cannot be reported from here.
   if (stream_.s) cudaStreamSynchronize(stream_.s);
+  if (lane_.stream.s) cudaStreamSynchronize(lane_.stream.s);
   if (graph_) cudaGraphExecDestroy(graph_);
 }
 
@@ -650,8 +700,9 @@ void CudaReplica<T>::linear_backward_data(const T* dy, int64_t ldy, const T* W, 
 }
 
 template <typename T>
-void CudaReplica<T>::linear_backward_weight(const T* dy, int64_t ldy, const T* x, void* dW,
-                                            int64_t n, int64_t d_in, int64_t d_out, float alpha) {
+int64_t CudaReplica<T>::linear_backward_weight(const T* dy, int64_t ldy, const T* x, void* dW,
+                                               int64_t n, int64_t d_in, int64_t d_out,
+                                               float alpha) {
   Gemm g;
   g.trans_a = true;
   g.m = d_out;
@@ -668,7 +719,43 @@ void CudaReplica<T>::linear_backward_weight(const T* dy, int64_t ldy, const T* x
   g.ab_type = dtype_of<T>();
   g.cd_type = grad_dtype_;
   g.tf32 = tf32_;
-  mm_->run(g, stream_.s);
+  if (!lane_.mm) {
+    mm_->run(g, stream_.s);
+    return 0;
+  }
+  lane_.mm->run(g, lane_.stream.s);
+  const size_t slot = static_cast<size_t>(lane_.issued++) % WgradLane::kRing;
+  CUDA_CHECK(cudaEventRecord(lane_.done[slot].e, lane_.stream.s));
+  return lane_.issued;
+}
+
+template <typename T>
+void CudaReplica<T>::fork_lane() {
+  if (!lane_.mm) return;
+  CUDA_CHECK(cudaEventRecord(lane_.fork.e, stream_.s));
+  CUDA_CHECK(cudaStreamWaitEvent(lane_.stream.s, lane_.fork.e, 0));
+}
+
+template <typename T>
+void CudaReplica<T>::await_lane(int64_t count) {
+  if (count > lane_.waited) {
+    TRAINER_CHECK(lane_.issued - count < WgradLane::kRing,
+                  "weight-gradient stream: product {} of {} waited for too late", count,
+                  lane_.issued);
+    const size_t slot = static_cast<size_t>(count - 1) % WgradLane::kRing;
+    CUDA_CHECK(cudaStreamWaitEvent(stream_.s, lane_.done[slot].e, 0));
+    lane_.waited = count;
+  }
+  while (!pending_.empty() && pending_.front().second <= lane_.waited) {
+    if (*ready_) (*ready_)(pending_.front().first);
+    pending_.pop_front();
+  }
+}
+
+template <typename T>
+void CudaReplica<T>::report(int index, int64_t needs) {
+  pending_.emplace_back(index, needs);
+  await_lane(0);
 }
 
 template <typename T>
@@ -696,23 +783,22 @@ void CudaReplica<T>::group_forward(const LinearGroup& gr, const T* x, T* y, int6
     linear_forward(x, P(gr.offset[j]), y + j * gr.d_out, ldy, n, gr.d_in, gr.d_out);
 }
 
-// Weight gradients first (each reported ready as soon as it is enqueued), then the input
-// gradient dx = sum_j dy_j W_j.
+// Weight gradients first (on the lane from here on, when it is on), then the input gradient
+// dx = sum_j dy_j W_j.
 template <typename T>
 void CudaReplica<T>::group_backward(const LinearGroup& gr, const T* x, const T* dy, T* dx,
-                                    int64_t n, const GradReadyFn& ready) {
+                                    int64_t n) {
   const int64_t ldy = gr.count * gr.d_out;
+  fork_lane();
   if (gr.fused) {
-    linear_backward_weight(dy, ldy, x, G(gr.offset[0]), n, gr.d_in, ldy, 1.0f);
-    for (int j = 0; j < gr.count; ++j)
-      if (ready) ready(gr.index[j]);
+    const int64_t made = linear_backward_weight(dy, ldy, x, G(gr.offset[0]), n, gr.d_in, ldy, 1.0f);
+    for (int j = 0; j < gr.count; ++j) report(gr.index[j], made);
     linear_backward_data(dy, ldy, P(gr.offset[0]), dx, n, gr.d_in, ldy, 1.0f, false);
     return;
   }
-  for (int j = 0; j < gr.count; ++j) {
-    linear_backward_weight(dy + j * gr.d_out, ldy, x, G(gr.offset[j]), n, gr.d_in, gr.d_out, 1.0f);
-    if (ready) ready(gr.index[j]);
-  }
+  for (int j = 0; j < gr.count; ++j)
+    report(gr.index[j], linear_backward_weight(dy + j * gr.d_out, ldy, x, G(gr.offset[j]), n,
+                                               gr.d_in, gr.d_out, 1.0f));
   for (int j = 0; j < gr.count; ++j)
     linear_backward_data(dy + j * gr.d_out, ldy, P(gr.offset[j]), dx, n, gr.d_in, gr.d_out, 1.0f,
                          j > 0);
@@ -889,18 +975,20 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
   cudaStream_t s = stream_.s;
   const QkvLayout qkv_layout = flash_ ? QkvLayout::kTokenMajor : QkvLayout::kHeadMajor;
   const RmsnormScratch rms{rms_partial_, rms_counters_};
-  auto done = [&](int index) {
-    if (ready) ready(index);
-  };
+  ready_ = &ready;
+  pending_.clear();
+  auto done = [&](int index) { report(index, 0); };
   NvtxRange range("backward");
   // Collectives of earlier buckets hold --comm-sms SMs while later gradients are computed.
   const SmTargetReset reset{*mm_};
   mm_->set_sm_target(backward_sms_);
+  if (lane_.mm) lane_.mm->set_sm_target(lane_.sm_target);
+  int64_t qkv_made = 0;  // lane products up to the block above's q/k/v weight gradients
   {
     // logits_ holds softmax - onehot; scale enters as the matmuls' alpha.
     NvtxRange head_range("lm_head+loss");
-    linear_backward_weight(logits_, Vp_, lnf_, G(off_head_), n, d, V_, scale);
-    done(i_head_);
+    fork_lane();
+    report(i_head_, linear_backward_weight(logits_, Vp_, lnf_, G(off_head_), n, d, V_, scale));
     linear_backward_data(logits_, Vp_, P(off_head_), dln_, n, d, V_, scale, false);
     norm_backward(resid_[L_], P(off_lnf_), rstdf_, dln_, dres_, false, off_lnf_, n, rms);
     done(i_lnf_);
@@ -910,6 +998,7 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     const BlockParams& p = blocks_[l];
     BlockActs& a = acts_[l];
     if (options_.recompute != Recompute::kNone) {
+      await_lane(lane_.issued);  // the lane may still read the one set of recomputed activations
       // The same kernels on the same inputs as forward, so the same bits: with forward's SM target
       // (another target may select another GEMM algorithm).
       NvtxRange recompute_range("recompute");
@@ -919,18 +1008,22 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
       mm_->set_sm_target(backward_sms_);
     }
     // Feed-forward half: dg = dx' W2, gate backward into [db | da] (over ba), dln2.
-    linear_backward_weight(dres_, d, a.g, G(p.w2), n, f, d, 1.0f);
-    done(p.i_w2);
+    fork_lane();
+    const int64_t w2_made = linear_backward_weight(dres_, d, a.g, G(p.w2), n, f, d, 1.0f);
+    report(p.i_w2, w2_made);
     linear_backward_data(dres_, d, P(p.w2), dg_, n, f, d, 1.0f, false);
     swiglu_backward(a.ba + f, a.ba, 2 * f, dg_, a.ba + f, a.ba, 2 * f, n, f, s);
-    group_backward(p.w31, a.ln2, a.ba, dln_, n, ready);
+    group_backward(p.w31, a.ln2, a.ba, dln_, n);
+    await_lane(w2_made);  // the norm's backward adds into dres_, which dW2 reads
     norm_backward(a.h, P(p.ln2), a.rstd2, dln_, dres_, true, p.ln2, n, rms);
     done(p.i_ln2);  // dres_ is now dL/dh
     // Attention half: datt = dh Wo (into dln_, free again), attention and RoPE backward, dln1.
-    linear_backward_weight(dres_, d, a.att, G(p.o), n, d, d, 1.0f);
-    done(p.i_o);
+    fork_lane();
+    const int64_t o_made = linear_backward_weight(dres_, d, a.att, G(p.o), n, d, d, 1.0f);
+    report(p.i_o, o_made);
     T* datt = dln_;
     linear_backward_data(dres_, d, P(p.o), datt, n, d, d, 1.0f, false);
+    await_lane(qkv_made);  // attention's backward writes vkq_, which the block above's dWqkv reads
     attention_layer_backward(a, datt, B, seq);
     if (!flash_) {  // flash: dq, dk, dv are in [dv | dk | dq] already, RoPE's backward done
       RopeJobs<T> jobs;
@@ -940,7 +1033,9 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
       rope(jobs, qkv_layout, d, QkvLayout::kTokenMajor, 3 * d, B, seq, H_, dh_, rope_table_, true,
            s);
     }
-    group_backward(p.vkq, a.ln1, vkq_, dln_, n, ready);
+    group_backward(p.vkq, a.ln1, vkq_, dln_, n);
+    qkv_made = lane_.issued;
+    await_lane(o_made);  // the norm's backward adds into dres_, which dWo reads
     norm_backward(resid_[l], P(p.ln1), a.rstd1, dln_, dres_, true, p.ln1, n, rms);
     done(p.i_ln1);  // dres_ is now dL/dx of this block's input
   }
@@ -953,7 +1048,9 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
       cast(emb_grad_, static_cast<T*>(G(off_emb_)), layout_.tensors()[i_emb_].numel, s);
   }
   host_.accumulate_grads = true;
+  await_lane(lane_.issued);  // the next forward overwrites what the lane reads
   done(i_emb_);
+  ready_ = nullptr;
 }
 
 template <typename T>
