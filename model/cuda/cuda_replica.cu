@@ -454,8 +454,10 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index_));
     const int base = backward_sms_ ? backward_sms_ : sms;
     if (o.wgrad_sms > 0 && base - o.wgrad_sms < 8)
-      usage_error("--wgrad-stream {} leaves the weight-gradient GEMMs {} of this GPU's {} SMs",
-                  o.wgrad_sms, base - o.wgrad_sms, base);
+      usage_error(
+          "--wgrad-stream {} leaves the weight-gradient GEMMs {} of the {} SMs backward's GEMMs "
+          "use on this GPU (at least 8)",
+          o.wgrad_sms, base - o.wgrad_sms, base);
     lane_.sm_target = o.wgrad_sms > 0 ? base - o.wgrad_sms : backward_sms_;
     // Lowest priority: where both streams have blocks waiting, the input gradients' go first.
     CUDA_CHECK(cudaStreamCreateWithPriority(&lane_.stream.s, cudaStreamNonBlocking, least));
@@ -783,8 +785,8 @@ void CudaReplica<T>::group_forward(const LinearGroup& gr, const T* x, T* y, int6
     linear_forward(x, P(gr.offset[j]), y + j * gr.d_out, ldy, n, gr.d_in, gr.d_out);
 }
 
-// Weight gradients first (on the lane from here on, when it is on), then the input gradient
-// dx = sum_j dy_j W_j.
+// Weight gradients first (on the lane when it is on, after everything queued so far, dy
+// included), then the input gradient dx = sum_j dy_j W_j.
 template <typename T>
 void CudaReplica<T>::group_backward(const LinearGroup& gr, const T* x, const T* dy, T* dx,
                                     int64_t n) {
