@@ -7,7 +7,8 @@
 #  2. 3 ranks on 2 GPUs (two ranks would share a GPU, which NCCL refuses) are refused on every rank
 #     with exit code 2 and a message naming the ranks, before NCCL starts; so is a run whose
 #     memory exceeds the GPUs' (xl at 256 x 1024 on 2 ranks), with the sizes, and bf16 gradient
-#     copies (--grad-transport ce --grad-reduce bf16) at --precision fp32.
+#     copies (--grad-transport ce --grad-reduce bf16) at --precision fp32; on 2 ranks, a
+#     --wgrad-stream that leaves its GEMMs fewer than 8 of the SMs backward's GEMMs use.
 #  3. --time-limit, and SIGUSR1 sent to one rank, stop both ranks with a checkpoint (exits 124 and
 #     138), which --resume latest finds.
 #  4. With 3 GPUs or more: --grad-transport ce on 3 ranks (segments of uneven size) trains, and its
@@ -76,6 +77,11 @@ refused_on_2 "a run too big for the GPU" "model does not fit: needs .* GiB free 
 refused_on_2 "bf16 gradient copies at fp32" \
   "--grad-transport ce --grad-reduce bf16 keeps bf16 gradients, which needs --precision bf16" \
   "${tiny[@]}" --steps 2 --grad-transport ce --grad-reduce bf16 --precision fp32
+# Backward's GEMMs on 132 - 64 SMs beside the collectives would leave the weight-gradient stream
+# 4 of them: both ranks refuse it, naming the SMs.
+refused_on_2 "--wgrad-stream leaving fewer than 8 SMs" \
+  "--wgrad-stream 64 leaves the weight-gradient GEMMs [0-9]* of the [0-9]* SMs backward's GEMMs use" \
+  "${tiny[@]}" --steps 2 --ddp bucketed --comm-sms 64 --wgrad-stream 64
 # Stopping with a checkpoint on GPUs: at --time-limit (exit 124); then, resumed with --resume
 # latest, by SIGUSR1 sent to one rank only (exit 138: the ranks agree to stop); then --resume
 # latest continues from that checkpoint.

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -22,6 +23,7 @@
 namespace {
 
 using trainer::cuda::flash_attention_backward;
+using trainer::cuda::flash_attention_backward_clear;
 using trainer::cuda::flash_attention_backward_workspace_bytes;
 using trainer::cuda::flash_attention_forward;
 using trainer::cuda::flash_attention_supports;
@@ -499,6 +501,59 @@ TEST_CASE("flash attention backward applies RoPE's backward to dq and dk",
     CUDA_CHECK(cudaMemcpy(v0.data(), dv0.ptr, n * 2, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(v1.data(), dv1.ptr, n * 2, cudaMemcpyDeviceToHost));
     CHECK(v0 == v1);
+  }
+}
+
+// The dq accumulator zeroed beforehand by flash_attention_backward_clear (the model does so on its
+// weight-gradient stream) and the backward told so: the same bits as the backward zeroing it
+// itself. The flag is what skips the zeroing: a poisoned workspace left as it is makes dq NaN.
+// T = 64: one key block, so dq's sums have one order. Both kernel families.
+TEST_CASE("flash attention backward after its dq accumulator was cleared beforehand",
+          "[gpu][flash_attention]") {
+  const int D = GENERATE(16, 64, 128);
+  const int B = 2, T = 64, H = 3;
+  const size_t n = static_cast<size_t>(B) * T * H * D;
+  const size_t n_lse = static_cast<size_t>(B) * H * T;
+  std::mt19937 gen(37);
+  const DeviceInputs in(n, gen);
+  DeviceMem work(flash_attention_backward_workspace_bytes(B, T, H, D));
+  using bf = __nv_bfloat16;
+  for (FlashKernels kernels : kBothKernels) {
+    INFO("dh " << D << (kernels == FlashKernels::kAuto ? ", kAuto" : ", kMmaSync"));
+    DeviceMem o(n * 2), lse(n_lse * 4);
+    flash_attention_forward(in.q.as<bf>(), in.k.as<bf>(), in.v.as<bf>(), o.as<bf>(),
+                            lse.as<float>(), B, T, H, D, nullptr, kernels);
+    auto backward = [&](bool clear, bool zeroed) {
+      DeviceMem dq(n * 2), dk(n * 2), dv(n * 2);
+      for (const DeviceMem* m : {&dq, &dk, &dv, &work}) m->poison();
+      if (clear) flash_attention_backward_clear(work.ptr, B, T, H, D, nullptr);
+      flash_attention_backward(in.q.as<bf>(), in.k.as<bf>(), in.v.as<bf>(), o.as<bf>(),
+                               in.dout.as<bf>(), lse.as<float>(), dq.as<bf>(), dk.as<bf>(),
+                               dv.as<bf>(), work.ptr, B, T, H, D, nullptr, kernels, {}, nullptr,
+                               zeroed);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      std::array<std::vector<uint16_t>, 3> bits;
+      for (int i = 0; i < 3; ++i) {
+        bits[i].resize(n);
+        CUDA_CHECK(cudaMemcpy(bits[i].data(),
+                              (i == 0   ? dq
+                               : i == 1 ? dk
+                                        : dv)
+                                  .ptr,
+                              n * 2, cudaMemcpyDeviceToHost));
+      }
+      return std::make_pair(bits, download_bf16(dq, n));
+    };
+    const auto [itself, dq_itself] = backward(false, false);
+    const auto [cleared, dq_cleared] = backward(true, true);
+    const auto [left, dq_left] = backward(false, true);
+    CHECK(count_nan(dq_itself) == 0);
+    CHECK(cleared[0] == itself[0]);
+    CHECK(cleared[1] == itself[1]);
+    CHECK(cleared[2] == itself[2]);
+    CHECK(count_nan(dq_left) == n);
+    CHECK(left[1] == itself[1]);
+    CHECK(left[2] == itself[2]);
   }
 }
 

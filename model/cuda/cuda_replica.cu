@@ -223,11 +223,19 @@ class CudaReplica final : public Replica {
   void linear_backward_data(const T* dy, int64_t ldy, const T* W, T* dx, int64_t n, int64_t d_in,
                             int64_t d_out, float alpha, bool accumulate);
   // dW[d_out, d_in] += alpha * dy^T x   (gradient of grad_dtype_), on the weight-gradient lane
-  // when it is on. Returns the lane's count of products once this one is queued (0: none).
+  // when it is on, after everything the compute stream has queued so far. Returns the lane's count
+  // of products once this one is queued (0: none).
   int64_t linear_backward_weight(const T* dy, int64_t ldy, const T* x, void* dW, int64_t n,
                                  int64_t d_in, int64_t d_out, float alpha);
+  // With the lane on and flash attention: zeroes the attention backward's dq accumulator on the
+  // lane, after everything the compute stream has queued so far, and returns the lane's count of
+  // products with it (the next attention backward waits for that many). Otherwise 0: the attention
+  // backward zeroes it itself.
+  int64_t clear_attention_workspace(int64_t B, int64_t seq);
   // The lane's next products start after what the compute stream has queued so far.
   void fork_lane();
+  // Marks the end of the product just queued on the lane; returns the lane's count of products.
+  int64_t lane_issued();
   // The compute stream waits for the lane's first `count` products; then reports the gradients
   // that became final.
   void await_lane(int64_t count);
@@ -725,7 +733,22 @@ int64_t CudaReplica<T>::linear_backward_weight(const T* dy, int64_t ldy, const T
     mm_->run(g, stream_.s);
     return 0;
   }
+  fork_lane();
   lane_.mm->run(g, lane_.stream.s);
+  return lane_issued();
+}
+
+template <typename T>
+int64_t CudaReplica<T>::clear_attention_workspace(int64_t B, int64_t seq) {
+  if (!lane_.mm || !flash_) return 0;
+  fork_lane();
+  flash_attention_backward_clear(flash_ws_, static_cast<int>(B), static_cast<int>(seq),
+                                 static_cast<int>(H_), static_cast<int>(dh_), lane_.stream.s);
+  return lane_issued();
+}
+
+template <typename T>
+int64_t CudaReplica<T>::lane_issued() {
   const size_t slot = static_cast<size_t>(lane_.issued++) % WgradLane::kRing;
   CUDA_CHECK(cudaEventRecord(lane_.done[slot].e, lane_.stream.s));
   return lane_.issued;
@@ -791,7 +814,6 @@ template <typename T>
 void CudaReplica<T>::group_backward(const LinearGroup& gr, const T* x, const T* dy, T* dx,
                                     int64_t n) {
   const int64_t ldy = gr.count * gr.d_out;
-  fork_lane();
   if (gr.fused) {
     const int64_t made = linear_backward_weight(dy, ldy, x, G(gr.offset[0]), n, gr.d_in, ldy, 1.0f);
     for (int j = 0; j < gr.count; ++j) report(gr.index[j], made);
@@ -829,7 +851,8 @@ void CudaReplica<T>::attention_layer_backward(BlockActs& a, const T* datt, int64
       flash_attention_backward(a.q, a.k, a.v, a.att, datt, a.lse, vkq_ + 2 * d_, vkq_ + d_, vkq_,
                                flash_ws_, static_cast<int>(B), static_cast<int>(seq),
                                static_cast<int>(H_), static_cast<int>(dh_), stream_.s,
-                               FlashKernels::kAuto, {3 * d_, 3 * d_}, rope_table_);
+                               FlashKernels::kAuto, {3 * d_, 3 * d_}, rope_table_,
+                               /*dq_acc_zeroed=*/lane_.mm != nullptr);
       return;
     }
   }
@@ -986,11 +1009,12 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
   mm_->set_sm_target(backward_sms_);
   if (lane_.mm) lane_.mm->set_sm_target(lane_.sm_target);
   int64_t qkv_made = 0;  // lane products up to the block above's q/k/v weight gradients
+  int64_t ws_made = 0;   // lane products up to the last clearing of attention's dq accumulator
   {
     // logits_ holds softmax - onehot; scale enters as the matmuls' alpha.
     NvtxRange head_range("lm_head+loss");
-    fork_lane();
     report(i_head_, linear_backward_weight(logits_, Vp_, lnf_, G(off_head_), n, d, V_, scale));
+    ws_made = clear_attention_workspace(B, seq);
     linear_backward_data(logits_, Vp_, P(off_head_), dln_, n, d, V_, scale, false);
     norm_backward(resid_[L_], P(off_lnf_), rstdf_, dln_, dres_, false, off_lnf_, n, rms);
     done(i_lnf_);
@@ -1010,7 +1034,6 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
       mm_->set_sm_target(backward_sms_);
     }
     // Feed-forward half: dg = dx' W2, gate backward into [db | da] (over ba), dln2.
-    fork_lane();
     const int64_t w2_made = linear_backward_weight(dres_, d, a.g, G(p.w2), n, f, d, 1.0f);
     report(p.i_w2, w2_made);
     linear_backward_data(dres_, d, P(p.w2), dg_, n, f, d, 1.0f, false);
@@ -1020,13 +1043,15 @@ void CudaReplica<T>::backward(float scale, const GradReadyFn& ready) {
     norm_backward(a.h, P(p.ln2), a.rstd2, dln_, dres_, true, p.ln2, n, rms);
     done(p.i_ln2);  // dres_ is now dL/dh
     // Attention half: datt = dh Wo (into dln_, free again), attention and RoPE backward, dln1.
-    fork_lane();
     const int64_t o_made = linear_backward_weight(dres_, d, a.att, G(p.o), n, d, d, 1.0f);
     report(p.i_o, o_made);
     T* datt = dln_;
     linear_backward_data(dres_, d, P(p.o), datt, n, d, d, 1.0f, false);
-    await_lane(qkv_made);  // attention's backward writes vkq_, which the block above's dWqkv reads
+    // Attention's backward writes vkq_, which the block above's dWqkv reads, and adds into the dq
+    // accumulator the lane clears.
+    await_lane(std::max(qkv_made, ws_made));
     attention_layer_backward(a, datt, B, seq);
+    if (l > 0) ws_made = clear_attention_workspace(B, seq);  // beside the dX GEMM below
     if (!flash_) {  // flash: dq, dk, dv are in [dv | dk | dq] already, RoPE's backward done
       RopeJobs<T> jobs;
       jobs.add(dq_, vkq_ + 2 * d, true);

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/cuda_check.h"
 #include "core/error.h"
 #include "model/cuda/flash/launch.h"
 #include "model/cuda/flash/tma_forward.h"
@@ -354,7 +355,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 // kRows = 256 / (dh/8) consecutive rows (contiguous in memory); each thread reduces one 16-byte
 // chunk, so the loads are fully coalesced, then one thread per row adds the row's chunks. Each
 // thread also zeroes its 8 elements of the fp32 dQ accumulator (same row layout), which step 2
-// adds into: one kernel fewer than a memset before it.
+// adds into: one kernel fewer than a memset before it. With dq_acc null the caller has zeroed it
+// (flash_attention_backward_clear, on a side stream).
 // ---------------------------------------------------------------------------------------------
 template <int D>
 struct DotConfig {
@@ -382,9 +384,11 @@ __global__ void __launch_bounds__(DotConfig<D>::kThreads)
       const int64_t off = row * D + (tid % C) * 8;  // == (row0 * C + tid) * 8
       const uint4 a = *reinterpret_cast<const uint4*>(o + off);
       const uint4 d = *reinterpret_cast<const uint4*>(dout + off);
-      float4* zero = reinterpret_cast<float4*>(dq_acc + off);
-      zero[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-      zero[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (dq_acc != nullptr) {
+        float4* zero = reinterpret_cast<float4*>(dq_acc + off);
+        zero[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+        zero[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
       const uint32_t aw[4] = {a.x, a.y, a.z, a.w};
       const uint32_t dw[4] = {d.x, d.y, d.z, d.w};
 #pragma unroll
@@ -763,7 +767,7 @@ void launch_forward(const FwdParams& p, int B, cudaStream_t stream) {
 
 template <int D>
 void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, int64_t ld_dq, int B,
-                     bool wgmma, cudaStream_t stream) {
+                     bool wgmma, bool dq_acc_zeroed, cudaStream_t stream) {
   using Cfg = BwdTraits<D>;
   // The wgmma kernel may stage dQ without bank conflicts in permuted rows; the dot kernel zeroes
   // dq_acc whole and the rows stay within the sequence, so only the conversion needs to know.
@@ -774,7 +778,7 @@ void launch_backward(const BwdParams& p, const bf16* o, float* dsum, bf16* dq, i
     using Dot = DotConfig<D>;
     const auto blocks = static_cast<unsigned>((rows + Dot::kRows - 1) / Dot::kRows);
     launch_dependent(flash_bwd_dot_do_o_kernel<D>, dim3(blocks), dim3(Dot::kThreads), 0, stream, o,
-                     p.dout, dsum, p.dq_acc, B, p.T, p.H);
+                     p.dout, dsum, dq_acc_zeroed ? nullptr : p.dq_acc, B, p.T, p.H);
   }
   if (wgmma) {
     flash_wgmma_backward_main(p, B, D, stream);
@@ -874,12 +878,26 @@ void flash_attention_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, con
   }
 }
 
+namespace flash {
+namespace {
+// The backward's workspace: the fp32 dQ accumulator (B, T, H, dh), then D (B, H, T).
+size_t dq_acc_bytes(int B, int T, int H, int head_dim) {
+  return round_up(static_cast<size_t>(B) * T * H * head_dim * sizeof(float), 256);
+}
+}  // namespace
+}  // namespace flash
+
 size_t flash_attention_backward_workspace_bytes(int B, int T, int H, int head_dim) {
   flash::check_common(B, T, H, head_dim, "flash_attention_backward_workspace_bytes");
   const size_t rows = static_cast<size_t>(B) * T * H;
-  // fp32 dQ accumulator (B, T, H, dh), then D (B, H, T).
-  return flash::round_up(rows * head_dim * sizeof(float), 256) +
-         flash::round_up(rows * sizeof(float), 256);
+  return flash::dq_acc_bytes(B, T, H, head_dim) + flash::round_up(rows * sizeof(float), 256);
+}
+
+void flash_attention_backward_clear(void* workspace, int B, int T, int H, int head_dim,
+                                    cudaStream_t stream) {
+  flash::check_common(B, T, H, head_dim, "flash_attention_backward_clear");
+  flash::check_tensor(workspace, "workspace", "flash_attention_backward_clear", 16);
+  CUDA_CHECK(cudaMemsetAsync(workspace, 0, flash::dq_acc_bytes(B, T, H, head_dim), stream));
 }
 
 void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
@@ -887,7 +905,7 @@ void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* dout, const float* lse, __nv_bfloat16* dq,
                               __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, int B, int T,
                               int H, int head_dim, cudaStream_t stream, FlashKernels kernels,
-                              FlashStrides strides, const float* rope_table) {
+                              FlashStrides strides, const float* rope_table, bool dq_acc_zeroed) {
   constexpr const char* kWhat = "flash_attention_backward";
   flash::check_common(B, T, H, head_dim, kWhat);
   const int64_t ld_qkv = flash::row_stride(strides.qkv, H, head_dim, "strides.qkv", kWhat);
@@ -903,10 +921,9 @@ void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
   flash::check_tensor(dv, "dv", kWhat, 16);
   flash::check_tensor(workspace, "workspace", kWhat, 16);
   if (rope_table != nullptr) flash::check_tensor(rope_table, "rope_table", kWhat, 8);
-  const size_t rows = static_cast<size_t>(B) * T * H;
   float* dq_acc = static_cast<float*>(workspace);
   float* dsum = reinterpret_cast<float*>(static_cast<char*>(workspace) +
-                                         flash::round_up(rows * head_dim * sizeof(float), 256));
+                                         flash::dq_acc_bytes(B, T, H, head_dim));
   const float scale = 1.f / std::sqrt(static_cast<float>(head_dim));
   const auto* rope = reinterpret_cast<const float2*>(rope_table);
   const flash::BwdParams p{
@@ -915,19 +932,19 @@ void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
   const bool wgmma = kernels == FlashKernels::kAuto && flash_attention_uses_wgmma(head_dim);
   switch (head_dim) {
     case 16:
-      flash::launch_backward<16>(p, o, dsum, dq, ld_dqkv, B, wgmma, stream);
+      flash::launch_backward<16>(p, o, dsum, dq, ld_dqkv, B, wgmma, dq_acc_zeroed, stream);
       break;
     case 32:
-      flash::launch_backward<32>(p, o, dsum, dq, ld_dqkv, B, wgmma, stream);
+      flash::launch_backward<32>(p, o, dsum, dq, ld_dqkv, B, wgmma, dq_acc_zeroed, stream);
       break;
     case 64:
-      flash::launch_backward<64>(p, o, dsum, dq, ld_dqkv, B, wgmma, stream);
+      flash::launch_backward<64>(p, o, dsum, dq, ld_dqkv, B, wgmma, dq_acc_zeroed, stream);
       break;
     case 80:
-      flash::launch_backward<80>(p, o, dsum, dq, ld_dqkv, B, wgmma, stream);
+      flash::launch_backward<80>(p, o, dsum, dq, ld_dqkv, B, wgmma, dq_acc_zeroed, stream);
       break;
     case 128:
-      flash::launch_backward<128>(p, o, dsum, dq, ld_dqkv, B, wgmma, stream);
+      flash::launch_backward<128>(p, o, dsum, dq, ld_dqkv, B, wgmma, dq_acc_zeroed, stream);
       break;
     default:
       flash::fail("{}: head dim {} is not supported", kWhat, head_dim);

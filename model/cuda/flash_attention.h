@@ -59,7 +59,9 @@ void flash_attention_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, con
 size_t flash_attention_backward_workspace_bytes(int B, int T, int H, int head_dim);
 
 // dq, dk, dv are overwritten. `workspace` holds at least the bytes asked for above; its contents
-// need not be initialised (the backward clears what it uses). dk and dv are bitwise
+// need not be initialised (the backward clears what it uses), unless dq_acc_zeroed: then its dq
+// accumulator is zero already (flash_attention_backward_clear, ordered before this call), and the
+// backward saves that pass. It leaves its dq sums there. dk and dv are bitwise
 // deterministic; dq is summed over key blocks with fp32 atomics, so its last bits may vary from
 // run to run. All pointers 16-byte aligned (lse: 4), head_dim as flash_attention_supports().
 // rope_table: null, or RoPE's table on the device (rope_table() of model/cuda/rope.cuh, at least T
@@ -72,6 +74,10 @@ void flash_attention_backward(const __nv_bfloat16* q, const __nv_bfloat16* k,
                               __nv_bfloat16* dk, __nv_bfloat16* dv, void* workspace, int B, int T,
                               int H, int head_dim, cudaStream_t stream,
                               FlashKernels kernels = FlashKernels::kAuto, FlashStrides strides = {},
-                              const float* rope_table = nullptr);
+                              const float* rope_table = nullptr, bool dq_acc_zeroed = false);
+// Zeroes the dq accumulator of a backward of this shape in `workspace`, on `stream`: queued on a
+// side stream beside other work, it takes a memory-bound pass off the backward's own stream.
+void flash_attention_backward_clear(void* workspace, int B, int T, int H, int head_dim,
+                                    cudaStream_t stream);
 
 }  // namespace trainer::cuda

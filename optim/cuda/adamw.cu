@@ -432,9 +432,18 @@ constexpr int64_t kMaxChunks = 64;
 // Blocks per launch at most: a wave's worth leaves backward's kernels most of the SMs.
 constexpr int kOverlapBlocks = 128;
 
-int overlap_blocks(int64_t n) {
+// The last tensor (the embedding, which backward finishes last) is summed alone, after backward,
+// on every SM: the step waits for it.
+int chunk_blocks(int64_t n, bool last) {
+  const int64_t most = last ? kMaxReduceBlocks : kOverlapBlocks;
   const int64_t wanted = (n + 4 * kThreads - 1) / (4 * kThreads);
-  return static_cast<int>(wanted < kOverlapBlocks ? wanted : kOverlapBlocks);
+  return static_cast<int>(wanted < most ? wanted : most);
+}
+
+// Whether tensor t (of `count`) ends a chunk that began at `begin`: a chunk holds at least `chunk`
+// elements, and the last tensor is a chunk of its own.
+bool ends_chunk(const std::vector<int64_t>& ends, size_t t, int64_t begin, int64_t chunk) {
+  return ends[t] - begin >= chunk || t + 2 >= ends.size();
 }
 }  // namespace
 
@@ -469,8 +478,8 @@ OverlappedSumSquares::OverlappedSumSquares(const float* grads, int64_t n,
   // Bound the launches and their partials from the layout, as on_ready will split it.
   int64_t begin = 0, launches = 0, max_partials = 0;
   for (size_t t = 0; t < m.ends.size(); ++t)
-    if (m.ends[t] - begin >= m.chunk || t + 1 == m.ends.size()) {
-      max_partials += overlap_blocks(m.ends[t] - begin);
+    if (ends_chunk(m.ends, t, begin, m.chunk)) {
+      max_partials += chunk_blocks(m.ends[t] - begin, t + 1 == m.ends.size());
       ++launches;
       begin = m.ends[t];
     }
@@ -561,15 +570,22 @@ void OverlappedSumSquares::on_ready(int index) {
                 "overlapped sum of squares: tensor {} reported, {} expected", index, m.next_tensor);
   ++m.next_tensor;
   const int64_t end = m.ends[static_cast<size_t>(index)];
-  if (end - m.launched_to < m.chunk && end != m.n) return;
-  // [launched_to, end) is final on the compute stream: sum it on the side stream.
+  if (!ends_chunk(m.ends, static_cast<size_t>(index), m.launched_to, m.chunk)) return;
+  // [launched_to, end) is final on the compute stream: sum it on the side stream, but the last
+  // tensor on the compute stream itself, which has nothing else left to do (a launch on the side
+  // stream after an event starts 10-30 us later).
   const int64_t count = end - m.launched_to;
-  const int blocks = overlap_blocks(count);
-  cudaEvent_t ev = m.events.at(static_cast<size_t>(m.launches++));
-  CUDA_CHECK(cudaEventRecord(ev, m.compute));
-  CUDA_CHECK(cudaStreamWaitEvent(m.side, ev, 0));
+  const bool last = end == m.n;
+  cudaStream_t stream = m.compute;
+  if (!last) {
+    cudaEvent_t ev = m.events.at(static_cast<size_t>(m.launches++));
+    CUDA_CHECK(cudaEventRecord(ev, m.compute));
+    CUDA_CHECK(cudaStreamWaitEvent(m.side, ev, 0));
+    stream = m.side;
+  }
+  const int blocks = chunk_blocks(count, last);
   launch_partials(F32Grad{m.grads + m.launched_to}, count, blocks, m.partials + m.partial_count,
-                  m.side);
+                  stream);
   m.partial_count += blocks;
   m.launched_to = end;
 }

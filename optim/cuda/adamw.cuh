@@ -121,9 +121,10 @@ void copy_async(void* dst, const void* src, size_t bytes, void* stream);
 
 // The gradient norm's sum of squares, computed while backward runs (one GPU, fp32 gradients).
 // Backward reports tensors in flat-buffer order; once the ready tensors since the last launch
-// cover `chunk` elements (or the buffer's end), their partial sums are launched on a side stream
-// after an event on backward's stream, so the pass over the gradient overlaps the remaining
-// backward instead of following it. total() waits for the side stream and adds the partials in
+// cover `chunk` elements (or all but the last tensor), their partial sums are launched on a side
+// stream after an event on backward's stream, so the pass over the gradient overlaps the remaining
+// backward instead of following it. The last tensor, which the step waits for, is summed alone,
+// on every SM, on backward's stream. total() waits for the side stream and adds the partials in
 // buffer order: the chunks and their block counts depend only on the layout, so the result is the
 // same on every run.
 class OverlappedSumSquares {
