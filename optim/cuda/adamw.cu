@@ -440,7 +440,7 @@ int chunk_blocks(int64_t n, bool last) {
   return static_cast<int>(wanted < most ? wanted : most);
 }
 
-// Whether tensor t (of `count`) ends a chunk that began at `begin`: a chunk holds at least `chunk`
+// Whether tensor t ends a chunk that began at `begin`: a chunk holds at least `chunk`
 // elements, and the last tensor is a chunk of its own.
 bool ends_chunk(const std::vector<int64_t>& ends, size_t t, int64_t begin, int64_t chunk) {
   return ends[t] - begin >= chunk || t + 2 >= ends.size();
