@@ -280,9 +280,11 @@ stop_at_start 138 2 "stopped by SIGUSR1 during start-up, before the first step: 
   --out "$tmp/fresh_stop" --debug-start-ms 2000
 if [[ -n $ckpt ]]; then
   last=$(( ${ckpt##*_} + 2 ))  # the run just above went on to there
-  stop_at_start 138 1 "stopped by SIGUSR1 after step $last of 1000, during start-up, before \
+  # --steps beyond it, whatever step the signal above stopped at (a fast machine passed 1000).
+  steps=$(( last + 1000 ))
+  stop_at_start 138 1 "stopped by SIGUSR1 after step $last of $steps, during start-up, before \
 training a step: continue with --resume .*stopped2/step_$last\$" "$tmp/stopped2" "$trainer" \
-    "${small[@]}" "${data[@]}" --steps 1000 --out "$tmp/stopped2" --debug-start-ms 2000 \
+    "${small[@]}" "${data[@]}" --steps $steps --out "$tmp/stopped2" --debug-start-ms 2000 \
     --resume latest
 fi
 # An llm.c token shard (1 KiB header, then uint16 tokens) trains exactly like the same tokens raw.
