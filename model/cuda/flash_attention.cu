@@ -112,6 +112,7 @@ struct BwdTraits : BwdConfig<D, 64, 8> {};
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     flash_fwd_kernel(const FwdParams p) {
+  wait_for_prior_grid();  // launched dependent on the kernel before it (launch_kernel)
   constexpr int D = Cfg::kHeadDim;
   constexpr int BM = Cfg::kBlockM;
   constexpr int BN = Cfg::kBlockN;
@@ -452,6 +453,7 @@ __device__ __forceinline__ void warp_mma_abt(float (&acc)[NT][4], const bf16* a,
 // ---------------------------------------------------------------------------------------------
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_kernel(const BwdParams p) {
+  wait_for_prior_grid();  // launched dependent on the kernel before it (launch_kernel)
   constexpr int D = Cfg::kHeadDim;
   constexpr int BM = Cfg::kBlockM;
   constexpr int BN = Cfg::kBlockN;

@@ -243,13 +243,15 @@ inline PersistentSchedule persistent_schedule(const HeadOrder& order) {
 }
 
 // Launches kKernel(p) on `grid` CTAs of `threads` threads with `smem_bytes` of dynamic shared
-// memory each (the kernel's limit raised once per device). `name` is for the launch error message.
+// memory each (the kernel's limit raised once per device), dependent on the kernel before it
+// (launch_dependent: every attention kernel begins with wait_for_prior_grid). `name` is for the
+// launch error message.
 template <auto kKernel, class Params>
 void launch_kernel(const Params& p, dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
                    const char* name) {
   static std::atomic<uint64_t> configured{0};  // one per kernel
   ensure_smem_limit(kKernel, smem_bytes, configured);
-  kKernel<<<grid, threads, smem_bytes, stream>>>(p);
+  launch_dependent(kKernel, grid, dim3(threads), static_cast<size_t>(smem_bytes), stream, p);
   CUDA_CHECK_LAUNCH(name);
 }
 

@@ -187,6 +187,7 @@ __device__ unsigned g_schedule[kScheduleSlots][2];
 template <int D>
 __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     flash_wgmma_bwd_kernel(const __grid_constant__ Params params) {
+  wait_for_prior_grid();  // launched dependent on the kernel before it (launch_kernel)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = Config<D>;
   constexpr bool kDeferDq = Cfg::kDeferDq;
