@@ -532,20 +532,17 @@ TEST_CASE("flash attention backward after its dq accumulator was cleared beforeh
                                dv.as<bf>(), work.ptr, B, T, H, D, nullptr, kernels, {}, nullptr,
                                zeroed);
       CUDA_CHECK(cudaDeviceSynchronize());
+      const DeviceMem* out[] = {&dq, &dk, &dv};
       std::array<std::vector<uint16_t>, 3> bits;
       for (int i = 0; i < 3; ++i) {
         bits[i].resize(n);
-        CUDA_CHECK(cudaMemcpy(bits[i].data(),
-                              (i == 0   ? dq
-                               : i == 1 ? dk
-                                        : dv)
-                                  .ptr,
-                              n * 2, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(bits[i].data(), out[i]->ptr, n * 2, cudaMemcpyDeviceToHost));
       }
       return std::make_pair(bits, download_bf16(dq, n));
     };
     const auto [itself, dq_itself] = backward(false, false);
     const auto [cleared, dq_cleared] = backward(true, true);
+    CHECK(count_nan(dq_cleared) == 0);
     const auto [left, dq_left] = backward(false, true);
     CHECK(count_nan(dq_itself) == 0);
     CHECK(cleared[0] == itself[0]);

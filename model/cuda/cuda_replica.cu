@@ -232,7 +232,7 @@ class CudaReplica final : public Replica {
   // products with it (the next attention backward waits for that many). Otherwise 0: the attention
   // backward zeroes it itself.
   int64_t clear_attention_workspace(int64_t B, int64_t seq);
-  // The lane's next products start after what the compute stream has queued so far.
+  // The lane's next products start after what the compute stream has queued so far (lane on).
   void fork_lane();
   // Marks the end of the product just queued on the lane; returns the lane's count of products.
   int64_t lane_issued();
@@ -357,7 +357,7 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   TRAINER_CHECK(o.flat_elems >= layout_.total(), "flat buffers of {} elements < layout total {}",
                 o.flat_elems, layout_.total());
   use_device();
-  if (o.comm_sms > 0 || o.update_sms > 0) {
+  {
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o.device_index));
     // The GEMMs' SM target while `reserved` SMs go to work beside them (0: none reserved).
@@ -369,6 +369,14 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
     };
     backward_sms_ = target(o.comm_sms, "--comm-sms", "compute");
     forward_sms_ = target(o.update_sms, "--update-sms", "forward");
+    // The weight-gradient stream's GEMMs leave o.wgrad_sms of the SMs backward's GEMMs use.
+    const int base = backward_sms_ ? backward_sms_ : sms;
+    if (o.wgrad_sms > 0 && base - o.wgrad_sms < 8)
+      usage_error(
+          "--wgrad-stream {} leaves the weight-gradient GEMMs {} of the {} SMs backward's GEMMs "
+          "use on this GPU (at least 8)",
+          o.wgrad_sms, base - o.wgrad_sms, base);
+    lane_.sm_target = o.wgrad_sms > 0 ? base - o.wgrad_sms : backward_sms_;
   }
 
   if (o.grad_dtype != DType::kF32 &&
@@ -458,15 +466,6 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
                                           o.urgent_stream ? greatest : least));
   mm_ = std::make_unique<Matmul>();
   if (o.wgrad_sms >= 0) {
-    int sms = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index_));
-    const int base = backward_sms_ ? backward_sms_ : sms;
-    if (o.wgrad_sms > 0 && base - o.wgrad_sms < 8)
-      usage_error(
-          "--wgrad-stream {} leaves the weight-gradient GEMMs {} of the {} SMs backward's GEMMs "
-          "use on this GPU (at least 8)",
-          o.wgrad_sms, base - o.wgrad_sms, base);
-    lane_.sm_target = o.wgrad_sms > 0 ? base - o.wgrad_sms : backward_sms_;
     // Lowest priority: where both streams have blocks waiting, the input gradients' go first.
     CUDA_CHECK(cudaStreamCreateWithPriority(&lane_.stream.s, cudaStreamNonBlocking, least));
     lane_.mm = std::make_unique<Matmul>();
@@ -756,7 +755,6 @@ int64_t CudaReplica<T>::lane_issued() {
 
 template <typename T>
 void CudaReplica<T>::fork_lane() {
-  if (!lane_.mm) return;
   CUDA_CHECK(cudaEventRecord(lane_.fork.e, stream_.s));
   CUDA_CHECK(cudaStreamWaitEvent(lane_.stream.s, lane_.fork.e, 0));
 }
