@@ -127,6 +127,14 @@ class Run {
   void await_grads(int64_t end);
   // Waits for the gradients (all of them) and applies AdamW to the owned range.
   void optimizer_step(int64_t s, double& grad_norm);
+#ifdef TRAINER_WITH_CUDA
+  // optimizer_step where the update runs beside the next forward with no host decision to make
+  // (one GPU, the norm beside backward, no loss scaling): the clipping factor is computed on the
+  // GPU from the norm's partial sums and the update is queued behind it at once, so the host
+  // does not wait for backward to end before it queues the update. The same numbers, bit for
+  // bit; take_grad_norm() reads the norm after the step. False (nothing done) elsewhere.
+  bool queue_update_on_device(int64_t s);
+#endif
   // The step's phase times and collectives (for the report and --trace). After the last step it
   // first waits for the collectives still running, so that the trace has all of them.
   PhaseTimes collect_times(int64_t s, bool last);
@@ -233,14 +241,15 @@ class Run {
   // One GPU: the gradient norm's pass runs beside backward (optim/cuda/adamw.cuh), for backwards
   // that the optimizer follows (norm_overlap_wanted_).
   std::unique_ptr<cuda::OverlappedSumSquares> norm_overlap_;
-  // --cuda-graph: AdamW's scalars for a recorded update.
+  // AdamW's scalars in device memory: a recorded update's (--cuda-graph), or those of an update
+  // queued beside the next forward before backward has run (queue_update_on_device).
   std::unique_ptr<cuda::DeviceStepArgs> step_args_;
   // --overlap-update: the stream the update runs on beside the next forward.
   std::unique_ptr<cuda::UpdateLane> update_lane_;
 #endif
   bool norm_overlap_wanted_ = false;
   double grad_norm_ = 0;       // of the last step
-  bool norm_pending_ = false;  // a replayed update's norm is still on the device
+  bool norm_pending_ = false;  // the last update's norm is still on the device
   // --cuda-graph: what the replica's recording of forward_backward() was made for.
   struct GraphKey {
     float scale;

@@ -427,7 +427,7 @@ void Run::build(int gpu) {
     ends.back() = flat_;  // the padding after the last tensor is zero
     norm_overlap_ = std::make_unique<cuda::OverlappedSumSquares>(
         replica_->grads().as<const float>(), flat_, std::move(ends), replica_->stream());
-    if (o_.cuda_graph) step_args_ = std::make_unique<cuda::DeviceStepArgs>();
+    if (o_.cuda_graph || overlap_update_) step_args_ = std::make_unique<cuda::DeviceStepArgs>();
   }
   if (overlap_update_)
     update_lane_ = std::make_unique<cuda::UpdateLane>(replica_->stream(),

@@ -34,7 +34,7 @@ bool Run::update_beside_forward() const {
 bool Run::update_recordable() const {
 #ifdef TRAINER_WITH_CUDA
   // step_args_ exists with --cuda-graph where the norm runs beside backward (run_setup.cpp).
-  return step_args_ && !scaler_.enabled();
+  return o_.cuda_graph && step_args_ && !scaler_.enabled();
 #else
   return false;
 #endif
@@ -225,6 +225,9 @@ void Run::await_grads(int64_t end) {
 
 void Run::optimizer_step(int64_t s, double& grad_norm) {
   await_params(0, false);  // normally done: forward reads every parameter
+#ifdef TRAINER_WITH_CUDA
+  if (queue_update_on_device(s)) return;
+#endif
   // The averaged gradient of the owned range: the reduced buffer, or every rank's bf16 copy.
   GradTerms grads{replica_->grads().slice(owned_.begin, owned_.size())};
 #ifdef TRAINER_WITH_CUDA
@@ -314,6 +317,39 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
 #endif
   }
 }
+
+#ifdef TRAINER_WITH_CUDA
+bool Run::queue_update_on_device(int64_t s) {
+  if (!update_lane_ || !step_args_ || !norm_overlap_ || !norm_overlap_->active() ||
+      scaler_.enabled())
+    return false;
+  await_grads(flat_);
+  PhaseScope p(*timer_, Phase::kOptimizer);
+  nvtxRangePushA("optimizer");
+  // What optimizer_step's host path decides without loss scaling; the norm itself is read after
+  // the step (take_grad_norm), and the clipping factor is the GPU's, from the same partial sums
+  // in the same order.
+  step_scale_ = 1;
+  step_skipped_ = false;
+  ++adam_steps_;
+  const AdamWStepArgs args = opt_->step_args(schedule_.at(s), adam_steps_, 1.0f);
+  norm_overlap_->join();  // the clipping kernel reads the side stream's partial sums too
+  norm_overlap_->clip_into(step_args_->device(), o_.clip, /*loss_scale=*/1.0, &args);
+  norm_pending_ = true;
+  const BufferView grads = replica_->grads().slice(owned_.begin, owned_.size());
+  const BufferView params = replica_->params().slice(owned_.begin, owned_.size());
+  update_lane_->begin();  // after the clipping factor's kernel
+  for (auto part = update_parts_.rbegin(); part != update_parts_.rend(); ++part) {
+    opt_->step_part_recorded(*part, GradTerms{grads.slice(part->begin, part->size())},
+                             params.slice(part->begin, part->size()), step_args_->device(),
+                             update_lane_->stream());
+    updating_.push_back({owned_.begin + part->end, update_lane_->mark()});
+  }
+  update_lane_->end();
+  nvtxRangePop();
+  return true;
+}
+#endif
 
 PhaseTimes Run::collect_times(int64_t s, bool last) {
   PhaseTimes times = timer_->collect();

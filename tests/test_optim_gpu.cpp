@@ -269,7 +269,8 @@ TEST_CASE("the overlapped sum of squares equals sum_squares and is deterministic
 
 // A step recorded as a CUDA graph (--cuda-graph) reads AdamW's scalars from device memory, and
 // computes the clipping factor there from the overlapped norm's partials: the same bits as the
-// host's clip_scale() and the by-value update.
+// host's clip_scale() and the by-value update. So does an update queued beside the next forward
+// (Run::queue_update_on_device), whose clipping kernel writes the scalars passed by value too.
 TEST_CASE("AdamW with its scalars and clipping factor on the device equals the host's") {
   const int64_t n = 3 * 300007;
   const std::vector<int64_t> ends = {300007, 2 * 300007, n};
@@ -280,29 +281,42 @@ TEST_CASE("AdamW with its scalars and clipping factor on the device equals the h
   for (double clip : {0.0, 0.5, 1e6}) {
     INFO("clip " << clip);
     AdamW host(DeviceKind::kCuda, n, AdamWConfig{}), device(DeviceKind::kCuda, n, AdamWConfig{});
+    AdamW by_value(DeviceKind::kCuda, n, AdamWConfig{});
     DeviceBuffer out_host(DeviceKind::kCuda, DType::kBF16, n);
     DeviceBuffer out_device(DeviceKind::kCuda, DType::kBF16, n);
+    DeviceBuffer out_by_value(DeviceKind::kCuda, DType::kBF16, n);
     const DeviceBuffer p = upload(p0);
-    for (AdamW* o : {&host, &device})
+    for (AdamW* o : {&host, &device, &by_value})
       CUDA_CHECK(cudaMemcpy(o->master().data, p.view().data, n * 4, cudaMemcpyDeviceToDevice));
     cuda::OverlappedSumSquares norm(grads.as<const float>(), n, ends, stream);
-    cuda::DeviceStepArgs args;
+    cuda::DeviceStepArgs args, args_by_value;
     for (int64_t t = 1; t <= 3; ++t) {
       const double lr = 1e-3 * static_cast<double>(t);
       norm.begin();
       for (int i = 0; i < 3; ++i) norm.on_ready(i);
+      norm.join();
       args.set(device.step_args(lr, t, 1.0f));
       args.upload(stream);
       norm.clip_into(args.device(), clip, 1.0);
       device.step_part_recorded({0, n}, GradTerms{grads.view()}, out_device.view(), args.device(),
                                 stream);
+      // NaN in every scalar unless the kernel writes them all.
+      CUDA_CHECK(cudaMemsetAsync(args_by_value.device(), 0xff, sizeof(AdamWStepArgs), stream));
+      const AdamWStepArgs base = by_value.step_args(lr, t, 1.0f);
+      norm.clip_into(args_by_value.device(), clip, 1.0, &base);
+      by_value.step_part_recorded({0, n}, GradTerms{grads.view()}, out_by_value.view(),
+                                  args_by_value.device(), stream);
       const float factor = clip_scale(std::sqrt(norm.total()), clip);
       host.step_part({0, n}, GradTerms{grads.view()}, out_host.view(), lr, t, factor, stream);
     }
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    CHECK(download<float>(device.master()) == download<float>(host.master()));
-    CHECK(download<float>(device.exp_avg_sq()) == download<float>(host.exp_avg_sq()));
+    for (AdamW* o : {&device, &by_value}) {
+      CHECK(download<float>(o->master()) == download<float>(host.master()));
+      CHECK(download<float>(o->exp_avg()) == download<float>(host.exp_avg()));
+      CHECK(download<float>(o->exp_avg_sq()) == download<float>(host.exp_avg_sq()));
+    }
     CHECK(download<uint16_t>(out_device.view()) == download<uint16_t>(out_host.view()));
+    CHECK(download<uint16_t>(out_by_value.view()) == download<uint16_t>(out_host.view()));
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
 }

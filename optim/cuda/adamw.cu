@@ -24,6 +24,10 @@ constexpr int kThreads = 256;
 // sum_squares uses at most this many blocks, a constant, so the reduction order (and therefore
 // the result) depends only on the element count, not on the GPU model or timing.
 constexpr int kMaxReduceBlocks = 1024;
+// The overlapped norm's partials are added as kSumLanes strided sums (partial i into sum i mod
+// kSumLanes, in index order), then those in order: on the host (total()) and on the device
+// (clip_into) alike.
+constexpr int kSumLanes = 32;
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
@@ -519,35 +523,36 @@ void OverlappedSumSquares::begin() {
 bool OverlappedSumSquares::active() const { return impl_->active; }
 
 namespace {
-// The partials added in index order, as total() adds them on the host, then the factor. The
-// block loads them into shared memory a tile at a time (coalesced), and thread 0 adds each tile
-// in order: a single thread reading global memory would wait on every load.
+// The partials added in total()'s order (kSumLanes strided sums, then those in lane order), then
+// the factor. One warp: each lane's adds depend on each other, the lanes' do not (small at
+// 16 x 1024 on an H200: 6 us, against 33 us when one thread added all partials in index order).
 __global__ void clip_from_partials_kernel(const double* partials, int64_t count, double clip,
-                                          double loss_scale, AdamWStepArgs* args) {
-  __shared__ double tile[kThreads];
+                                          double loss_scale, AdamWStepArgs* args,
+                                          AdamWStepArgs base, bool write_base) {
+  static_assert(kSumLanes == 32, "one warp, one lane per strided sum");
+  const int lane = threadIdx.x;
+  double acc = 0.0;
+  for (int64_t i = lane; i < count; i += kSumLanes) acc += partials[i];
+  __shared__ double lanes[kSumLanes];
+  lanes[lane] = acc;
+  __syncwarp();
+  if (lane != 0) return;
   double sum = 0.0;
-  for (int64_t base = 0; base < count; base += kThreads) {
-    const int64_t i = base + threadIdx.x;
-    tile[threadIdx.x] = i < count ? partials[i] : 0.0;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int64_t end = count - base < kThreads ? count - base : kThreads;
-      for (int64_t j = 0; j < end; ++j) sum += tile[j];
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x != 0) return;
+  for (int j = 0; j < kSumLanes; ++j) sum += lanes[j];
   const double norm = sqrt(sum) / loss_scale;
+  if (write_base) *args = base;
   args->grad_scale = static_cast<float>(clip_factor(norm, clip) / loss_scale);
 }
 }  // namespace
 
-void OverlappedSumSquares::clip_into(AdamWStepArgs* args, double clip, double loss_scale) {
+void OverlappedSumSquares::clip_into(AdamWStepArgs* args, double clip, double loss_scale,
+                                     const AdamWStepArgs* base) {
   Impl& m = *impl_;
   TRAINER_CHECK(m.active && m.launched_to == m.n,
                 "overlapped sum of squares: clip_into before every tensor was reported");
-  clip_from_partials_kernel<<<1, kThreads, 0, m.compute>>>(m.partials, m.partial_count, clip,
-                                                           loss_scale, args);
+  clip_from_partials_kernel<<<1, kSumLanes, 0, m.compute>>>(
+      m.partials, m.partial_count, clip, loss_scale, args, base ? *base : AdamWStepArgs{},
+      base != nullptr);
   CUDA_CHECK_LAUNCH("clip_from_partials_kernel");
 }
 
@@ -601,8 +606,10 @@ double OverlappedSumSquares::total() {
                              cudaMemcpyDeviceToHost, m.side));
   CUDA_CHECK(cudaStreamSynchronize(m.side));
   m.active = false;
+  double lanes[kSumLanes] = {};
+  for (int64_t i = 0; i < m.partial_count; ++i) lanes[i % kSumLanes] += m.host[i];
   double sum = 0.0;
-  for (int64_t i = 0; i < m.partial_count; ++i) sum += m.host[i];
+  for (double lane : lanes) sum += lane;
   return sum;
 }
 

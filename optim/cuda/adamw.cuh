@@ -124,9 +124,9 @@ void copy_async(void* dst, const void* src, size_t bytes, void* stream);
 // cover `chunk` elements (or all but the last tensor), their partial sums are launched on a side
 // stream after an event on backward's stream, so the pass over the gradient overlaps the remaining
 // backward instead of following it. The last tensor, which the step waits for, is summed alone,
-// on every SM, on backward's stream. total() waits for the side stream and adds the partials in
-// buffer order: the chunks and their block counts depend only on the layout, so the result is the
-// same on every run.
+// on every SM, on backward's stream. total() waits for the side stream and adds the partials in a
+// fixed order (32 strided sums, then those; clip_into's kernel adds them the same way): the chunks
+// and their block counts depend only on the layout, so the result is the same on every run.
 class OverlappedSumSquares {
  public:
   // grads: n fp32 device elements; tensor_ends: the end offset of each tensor, ascending, the
@@ -143,16 +143,19 @@ class OverlappedSumSquares {
   void on_ready(int index);
   // True between begin() and total().
   bool active() const;
-  // Recording the step as a CUDA graph: join(), at the end of the recording, makes backward's
-  // stream wait for the partial sums of a pass begun in it (a recorded fork must join again);
+  // join() makes backward's stream wait for the partial sums of the pass (clip_into reads them;
+  // in a CUDA graph's recording a fork must join again besides);
   // after each replay, replayed() makes total() expect that pass's sums (the replay ran them
   // without begin() and on_ready()), or none.
   void join();
   void replayed();
-  // In the recording, after join(): a kernel on backward's stream adds the partial sums in
-  // total()'s order and writes into args->grad_scale the factor the host would compute,
-  // clip_factor(sqrt(sum) / loss_scale, clip) / loss_scale, rounded to float.
-  void clip_into(AdamWStepArgs* args, double clip, double loss_scale);
+  // After join() (which it needs: it reads the side stream's sums too): a kernel on backward's
+  // stream adds the partial sums in total()'s order and writes into args->grad_scale the factor the
+  // host would compute, clip_factor(sqrt(sum) / loss_scale, clip) / loss_scale, rounded to float.
+  // With `base` it first writes *base (the step's other scalars, passed by value) into *args, so
+  // that no host memory is read when the kernel runs.
+  void clip_into(AdamWStepArgs* args, double clip, double loss_scale,
+                 const AdamWStepArgs* base = nullptr);
   // Waits for the partial sums (every tensor must have been reported) and returns their sum. The
   // side stream first waits for the work queued on backward's stream so far, which covers a
   // replayed recording of them.
