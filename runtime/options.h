@@ -87,6 +87,9 @@ struct Options {
   // Testing hook (hidden): one rank's gradients at a step become non-finite (loss scaling tests).
   int64_t debug_inf_grad_at_step = -1;
   int debug_inf_grad_rank = 0;
+  // Testing hook (hidden): the update beside forward (--overlap-update) starts this many
+  // microseconds late on its stream, so that a test sees any work that does not wait for it.
+  int64_t debug_update_delay_us = 0;
 
   std::vector<std::string> argv;  // the command line, for logs and checkpoints
   std::string help;               // set (and nothing validated) when --help was given

@@ -89,7 +89,6 @@ void Run::forward_backward(int64_t step, bool backward, bool reduce, bool update
     loss_scale = std::numeric_limits<double>::infinity();  // every gradient becomes inf or NaN
   const float scale = static_cast<float>(loss_scale / static_cast<double>(G_ * o_.config.ctx));
   if (!o_.cuda_graph) {
-    if (backward) replica_->zero_grads();
     for (int64_t k = 0; k < o_.grad_accum; ++k) {
       const MicroBatch mb = fill_micro_batch(step, k);
       micro_step(k, &mb, scale, backward, reduce);
@@ -106,7 +105,6 @@ void Run::forward_backward(int64_t step, bool backward, bool reduce, bool update
     spdlog::debug("recording the step as a CUDA graph");
     replica_->begin_capture();
     timer_->begin_capture();
-    if (backward) replica_->zero_grads();
     for (int64_t k = 0; k < o_.grad_accum; ++k) micro_step(k, nullptr, scale, backward, reduce);
 #ifdef TRAINER_WITH_CUDA
     if (norm_overlap_) norm_overlap_->join();
@@ -168,6 +166,10 @@ void Run::micro_step(int64_t k, const MicroBatch* mb, float scale, bool backward
   }
   if (!backward) return;
   PhaseScope p(*timer_, Phase::kBackward);
+  // The step's gradients are cleared after its first forward, not before: with the update beside
+  // forward that forward has waited for every part of the update, which reads the gradients
+  // (the CUDA replica clears the embedding's on the GPU, which raced with the update before it).
+  if (k == 0) replica_->zero_grads();
   const bool last_micro = reduce && k == o_.grad_accum - 1;
   sync_->begin_backward(last_micro);
 #ifdef TRAINER_WITH_CUDA
@@ -291,6 +293,7 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
 #ifdef TRAINER_WITH_CUDA
     if (update_lane_ && !step_skipped_) {
       update_lane_->begin();
+      update_lane_->debug_delay(o_.debug_update_delay_us);
       stream = update_lane_->stream();
     }
 #endif
@@ -339,6 +342,7 @@ bool Run::queue_update_on_device(int64_t s) {
   const BufferView grads = replica_->grads().slice(owned_.begin, owned_.size());
   const BufferView params = replica_->params().slice(owned_.begin, owned_.size());
   update_lane_->begin();  // after the clipping factor's kernel
+  update_lane_->debug_delay(o_.debug_update_delay_us);
   for (auto part = update_parts_.rbegin(); part != update_parts_.rend(); ++part) {
     opt_->step_part_recorded(*part, GradTerms{grads.slice(part->begin, part->size())},
                              params.slice(part->begin, part->size()), step_args_->device(),

@@ -779,6 +779,13 @@ TEST_CASE("--overlap-update trains to the very parameters of the serial update",
         with({"--overlap-update", "off", "--resume", out + "/step_5"}), self, /*keep_params=*/true);
     REQUIRE(resumed.params == whole.params);
     fs::remove_all(out);
+    // A late update (its stream idles 3 ms before each): the host queues the next step at once,
+    // and nothing it queues before forward's waits may touch what the update reads (the next
+    // step's gradients are cleared only after its first forward).
+    const TrainResult late =
+        run_training(with({"--overlap-update", "on", "--debug-update-delay-us", "3000"}), self,
+                     /*keep_params=*/true);
+    check_identical(late, whole);
   }
   // Where it cannot apply, asking for it is refused on every rank.
   const int w = world.world();
