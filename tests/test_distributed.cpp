@@ -162,17 +162,20 @@ void check_identical(const TrainResult& b, const TrainResult& a) {
 }
 
 // Every one-GPU case, alone on its rank, trains to the very same numbers with `flag` set to
-// `value_b` as with `value_a`.
+// `value_b` (and `extra_b`) as with `value_a`.
 void check_one_gpu_cases_identical(const std::string& flag, const std::string& value_a,
-                                   const std::string& value_b) {
+                                   const std::string& value_b,
+                                   const std::vector<std::string>& extra_b = {}) {
   MpiCommunicator self(MPI_COMM_SELF);
   for (std::vector<std::string> args : one_gpu_cases()) {
     args.insert(args.end(), {"--ddp", "none"});
     std::vector<std::string> a = args, b = args;
     a.insert(a.end(), {flag, value_a});
     b.insert(b.end(), {flag, value_b});
+    b.insert(b.end(), extra_b.begin(), extra_b.end());
     std::string what;
     for (const std::string& arg : args) what += arg + " ";
+    for (const std::string& arg : extra_b) what += arg + " ";
     INFO(what << flag << " " << value_b << " vs " << value_a);
     const TrainResult ra = run_training(make_options(a), self, /*keep_params=*/true);
     check_identical(run_training(make_options(b), self, /*keep_params=*/true), ra);
@@ -762,8 +765,14 @@ TEST_CASE("--overlap-update trains to the very parameters of the serial update",
   MpiCommunicator world(MPI_COMM_WORLD);
   MpiCommunicator self(MPI_COMM_SELF);
   check_one_gpu_cases_identical("--overlap-update", "off", "on");
+  // The same with the update 3 ms late (its stream idles before each): the host queues the next
+  // step at once, and nothing it queues before forward's waits may touch what the update reads
+  // or writes (the next step's gradients are cleared only after its first forward; validation
+  // and checkpoints wait for the whole update).
+  const std::vector<std::string> late = {"--debug-update-delay-us", "3000"};
+  check_one_gpu_cases_identical("--overlap-update", "off", "on", late);
   // A checkpoint of the overlapped run holds the finished update: resumed serially, it ends where
-  // the serial run does.
+  // the serial run does, also when the update is late.
   if (world.rank() == 0) {
     const std::string out = scratch() + "/overlap_ckpt";
     const std::vector<std::string> base = {"--precision", "bf16", "--batch", "24", "--ddp", "none"};
@@ -774,18 +783,17 @@ TEST_CASE("--overlap-update trains to the very parameters of the serial update",
     };
     const TrainResult whole =
         run_training(with({"--overlap-update", "off"}), self, /*keep_params=*/true);
-    run_training(with({"--overlap-update", "on", "--out", out, "--save-every", "5"}), self);
-    const TrainResult resumed = run_training(
-        with({"--overlap-update", "off", "--resume", out + "/step_5"}), self, /*keep_params=*/true);
-    REQUIRE(resumed.params == whole.params);
-    fs::remove_all(out);
-    // A late update (its stream idles 3 ms before each): the host queues the next step at once,
-    // and nothing it queues before forward's waits may touch what the update reads (the next
-    // step's gradients are cleared only after its first forward).
-    const TrainResult late =
-        run_training(with({"--overlap-update", "on", "--debug-update-delay-us", "3000"}), self,
-                     /*keep_params=*/true);
-    check_identical(late, whole);
+    for (const std::string delay : {"0", "3000"}) {
+      INFO("--debug-update-delay-us " << delay);
+      run_training(with({"--overlap-update", "on", "--debug-update-delay-us", delay, "--out", out,
+                         "--save-every", "5"}),
+                   self);
+      const TrainResult resumed =
+          run_training(with({"--overlap-update", "off", "--resume", out + "/step_5"}), self,
+                       /*keep_params=*/true);
+      REQUIRE(resumed.params == whole.params);
+      fs::remove_all(out);
+    }
   }
   // Where it cannot apply, asking for it is refused on every rank.
   const int w = world.world();
