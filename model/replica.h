@@ -63,6 +63,9 @@ struct ReplicaOptions {
   // CUDA: backward's weight-gradient GEMMs on a second stream, planned for this many SMs fewer
   // than the rest of backward's (-1: on the compute stream, in order).
   int wgrad_sms = -1;
+  // Testing hook (--debug-wgrad-delay-us): the weight-gradient stream idles this long before each
+  // of its products, so that a test sees any compute-stream write that does not wait for them.
+  int64_t debug_wgrad_delay_us = 0;
 };
 
 // One line of the memory report: what a buffer holds, and its bytes as allocated.

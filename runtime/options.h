@@ -90,6 +90,9 @@ struct Options {
   // Testing hook (hidden): the update beside forward (--overlap-update) starts this many
   // microseconds late on its stream, so that a test sees any work that does not wait for it.
   int64_t debug_update_delay_us = 0;
+  // Testing hook (hidden): backward's weight-gradient stream (--wgrad-stream) idles this many
+  // microseconds before each of its products.
+  int64_t debug_wgrad_delay_us = 0;
 
   std::vector<std::string> argv;  // the command line, for logs and checkpoints
   std::string help;               // set (and nothing validated) when --help was given

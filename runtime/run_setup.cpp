@@ -357,6 +357,7 @@ void Run::build(int gpu) {
   if (o_.cuda_graph) ro.graph_slots = static_cast<int>(o_.grad_accum);
   ro.urgent_stream = overlap_update_;
   ro.update_sms = update_sms_;  // resolved in check_inputs()
+  ro.debug_wgrad_delay_us = o_.debug_wgrad_delay_us;
   ro.wgrad_sms = wgrad_sms_;
   ro.optimizer_elems = owned_.size();
   ro.optimizer_bytes_per_elem = AdamW::state_bytes_per_elem(o_.adamw().moments);

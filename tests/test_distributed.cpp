@@ -876,6 +876,9 @@ TEST_CASE("--wgrad-stream trains to the parameters of the weight gradients in or
   spdlog::set_level(spdlog::level::err);
   MpiCommunicator world(MPI_COMM_WORLD);
   check_one_gpu_cases_identical("--wgrad-stream", "off", "0");
+  // With the weight-gradient stream 0.5 ms late before each product: every write of the compute
+  // stream that one of them reads waits for it.
+  check_one_gpu_cases_identical("--wgrad-stream", "off", "0", {"--debug-wgrad-delay-us", "500"});
   const std::string b = std::to_string(kGlobalBatch / world.world());
   for (const char* ddp : {"bucketed", "overlap"}) {
     INFO("--ddp " << ddp);

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/debug_spin.h"
 #include "core/device_buffer.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -757,6 +758,7 @@ template <typename T>
 void CudaReplica<T>::fork_lane() {
   CUDA_CHECK(cudaEventRecord(lane_.fork.e, stream_.s));
   CUDA_CHECK(cudaStreamWaitEvent(lane_.stream.s, lane_.fork.e, 0));
+  debug_spin(lane_.stream.s, options_.debug_wgrad_delay_us);
 }
 
 template <typename T>

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/debug_spin.h"
 #include "core/error.h"
 #include "optim/cuda/adamw.cuh"
 
@@ -667,23 +668,7 @@ void UpdateLane::begin() {
   m.marked = 0;
 }
 
-namespace {
-// Spins until `ns` nanoseconds of the GPU's global timer have passed (testing hook).
-__global__ void spin_kernel(int64_t ns) {
-  uint64_t start = 0, now = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (static_cast<int64_t>(now - start) < ns);
-}
-}  // namespace
-
-void UpdateLane::debug_delay(int64_t us) {
-  if (us <= 0) return;
-  spin_kernel<<<1, 1, 0, impl_->lane>>>(us * 1000);
-  CUDA_CHECK_LAUNCH("spin_kernel");
-}
+void UpdateLane::debug_delay(int64_t us) { debug_spin(impl_->lane, us); }
 
 void* UpdateLane::stream() const { return impl_->lane; }
 
