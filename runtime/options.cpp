@@ -217,6 +217,7 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--debug-inf-grad-rank", o.debug_inf_grad_rank)->group("");
   app.add_option("--debug-update-delay-us", o.debug_update_delay_us)->group("");
   app.add_option("--debug-wgrad-delay-us", o.debug_wgrad_delay_us)->group("");
+  app.add_option("--debug-norm-delay-us", o.debug_norm_delay_us)->group("");
 
   try {
     app.parse(argc, argv);

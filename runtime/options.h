@@ -93,6 +93,9 @@ struct Options {
   // Testing hook (hidden): backward's weight-gradient stream (--wgrad-stream) idles this many
   // microseconds before each of its products.
   int64_t debug_wgrad_delay_us = 0;
+  // Testing hook (hidden): the gradient norm's side stream (one GPU) idles this many microseconds
+  // before each of its partial sums.
+  int64_t debug_norm_delay_us = 0;
 
   std::vector<std::string> argv;  // the command line, for logs and checkpoints
   std::string help;               // set (and nothing validated) when --help was given

@@ -428,6 +428,7 @@ void Run::build(int gpu) {
     ends.back() = flat_;  // the padding after the last tensor is zero
     norm_overlap_ = std::make_unique<cuda::OverlappedSumSquares>(
         replica_->grads().as<const float>(), flat_, std::move(ends), replica_->stream());
+    norm_overlap_->set_debug_delay(o_.debug_norm_delay_us);
     if (o_.cuda_graph || overlap_update_) step_args_ = std::make_unique<cuda::DeviceStepArgs>();
   }
   if (overlap_update_)

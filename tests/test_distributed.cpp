@@ -771,6 +771,9 @@ TEST_CASE("--overlap-update trains to the very parameters of the serial update",
   // and checkpoints wait for the whole update).
   const std::vector<std::string> late = {"--debug-update-delay-us", "3000"};
   check_one_gpu_cases_identical("--overlap-update", "off", "on", late);
+  // And with the norm's partial sums late (its side stream idles 0.5 ms before each): the
+  // clipping factor, computed on the GPU when the update is queued at once, waits for them.
+  check_one_gpu_cases_identical("--overlap-update", "off", "on", {"--debug-norm-delay-us", "500"});
   // A checkpoint of the overlapped run holds the finished update: resumed serially, it ends where
   // the serial run does, also when the update is late.
   if (world.rank() == 0) {

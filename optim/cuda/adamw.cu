@@ -465,7 +465,8 @@ struct OverlappedSumSquares::Impl {
   int64_t launches = 0;             // of this step
   int next_tensor = 0;
   bool active = false;
-  bool recorded = false;  // a recording holds a whole pass (join() after on_ready's last)
+  bool recorded = false;       // a recording holds a whole pass (join() after on_ready's last)
+  int64_t debug_delay_us = 0;  // set_debug_delay()
   cudaEvent_t joined = nullptr, queued = nullptr;  // side -> compute, compute -> side
 };
 
@@ -522,6 +523,8 @@ void OverlappedSumSquares::begin() {
 }
 
 bool OverlappedSumSquares::active() const { return impl_->active; }
+
+void OverlappedSumSquares::set_debug_delay(int64_t us) { impl_->debug_delay_us = us; }
 
 namespace {
 // The partials added in total()'s order (kSumLanes strided sums, then those in lane order), then
@@ -587,6 +590,7 @@ void OverlappedSumSquares::on_ready(int index) {
     cudaEvent_t ev = m.events.at(static_cast<size_t>(m.launches++));
     CUDA_CHECK(cudaEventRecord(ev, m.compute));
     CUDA_CHECK(cudaStreamWaitEvent(m.side, ev, 0));
+    debug_spin(m.side, m.debug_delay_us);
     stream = m.side;
   }
   const int blocks = chunk_blocks(count, last);

@@ -143,6 +143,9 @@ class OverlappedSumSquares {
   void on_ready(int index);
   // True between begin() and total().
   bool active() const;
+  // Testing hook (--debug-norm-delay-us): the side stream idles `us` microseconds before each of
+  // its sums, so that a test sees any reader of the sums that does not wait for them.
+  void set_debug_delay(int64_t us);
   // join() makes backward's stream wait for the partial sums of the pass (clip_into reads them;
   // in a CUDA graph's recording a fork must join again besides);
   // after each replay, replayed() makes total() expect that pass's sums (the replay ran them
