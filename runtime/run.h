@@ -105,6 +105,10 @@ class Run {
   // The update's device work, recorded: AdamW's scalars uploaded, the clipping factor from the
   // norm's partial sums, the update kernels reading both from device memory.
   void record_update();
+  // The update's parts, reading AdamW's scalars and the clipping factor from step_args_'s device
+  // copy: on the compute stream (recorded), or on the update lane, each part marked there for the
+  // next forward's waits (updating_).
+  void update_parts_from_device_args(bool on_lane);
   // Micro-batch k of step `step` into inputs_ and targets_ (timed as the data phase), or the one
   // prefetch_micro_batch made for it.
   MicroBatch fill_micro_batch(int64_t step, int64_t k);

@@ -72,13 +72,20 @@ void Run::record_update() {
   nvtxRangePushA("optimizer");
   step_args_->upload(replica_->stream());
   norm_overlap_->clip_into(step_args_->device(), o_.clip, /*loss_scale=*/1.0);
+  update_parts_from_device_args(/*on_lane=*/false);
+  nvtxRangePop();
+}
+
+void Run::update_parts_from_device_args(bool on_lane) {
   const BufferView grads = replica_->grads().slice(owned_.begin, owned_.size());
   const BufferView params = replica_->params().slice(owned_.begin, owned_.size());
-  for (auto part = update_parts_.rbegin(); part != update_parts_.rend(); ++part)
+  void* stream = on_lane ? update_lane_->stream() : replica_->stream();
+  // From the end of the buffer to its start, the order forward reads it (the embedding is last).
+  for (auto part = update_parts_.rbegin(); part != update_parts_.rend(); ++part) {
     opt_->step_part_recorded(*part, GradTerms{grads.slice(part->begin, part->size())},
-                             params.slice(part->begin, part->size()), step_args_->device(),
-                             replica_->stream());
-  nvtxRangePop();
+                             params.slice(part->begin, part->size()), step_args_->device(), stream);
+    if (on_lane) updating_.push_back({owned_.begin + part->end, update_lane_->mark()});
+  }
 }
 #endif
 
@@ -339,16 +346,9 @@ bool Run::queue_update_on_device(int64_t s) {
   norm_overlap_->join();  // the clipping kernel reads the side stream's partial sums too
   norm_overlap_->clip_into(step_args_->device(), o_.clip, /*loss_scale=*/1.0, &args);
   norm_pending_ = true;
-  const BufferView grads = replica_->grads().slice(owned_.begin, owned_.size());
-  const BufferView params = replica_->params().slice(owned_.begin, owned_.size());
   update_lane_->begin();  // after the clipping factor's kernel
   update_lane_->debug_delay(o_.debug_update_delay_us);
-  for (auto part = update_parts_.rbegin(); part != update_parts_.rend(); ++part) {
-    opt_->step_part_recorded(*part, GradTerms{grads.slice(part->begin, part->size())},
-                             params.slice(part->begin, part->size()), step_args_->device(),
-                             update_lane_->stream());
-    updating_.push_back({owned_.begin + part->end, update_lane_->mark()});
-  }
+  update_parts_from_device_args(/*on_lane=*/true);
   update_lane_->end();
   nvtxRangePop();
   return true;
