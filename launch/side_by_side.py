@@ -7,12 +7,18 @@ Reads OUT_DIR/ours_*.csv (trainer --benchmark --csv, one file per set of trainer
 the .flags file beside it) and
 OUT_DIR/torch.csv (launch/torch_step_bench.py --csv). One line per (model, batch, ctx, flags):
 ours' median steps in run order, each PyTorch mode measured for that model and shape, and PyTorch's
-best time over ours' (above 1: ours is faster), from ours' slowest run to its fastest.
+best time over ours' (above 1: ours is faster), from ours' slowest run to its fastest; then the
+steps each side timed. With OUT_DIR/runs.txt and OUT_DIR/gpu_samples.csv (nvidia-smi samples,
+written by side_by_side.sh), a second table gives each run's median SM clock and power over the
+samples where the GPU was busy (utilization >= 50%): at a power cap, the clock shows what each
+side's step costs in energy.
 """
 import csv
 import glob
 import os
+import statistics
 import sys
+from datetime import datetime
 
 
 def read(path):
@@ -22,12 +28,14 @@ def read(path):
 
 def main(out):
     ours = {}  # (model, batch, ctx, flags) -> [step ms, ...] in run order
+    windows = {"ours": set(), "PyTorch": set()}  # (steps, warm-up) pairs timed
     for path in sorted(glob.glob(os.path.join(out, "ours_*.csv"))):
         fpath = path[:-len(".csv")] + ".flags"
         flags = open(fpath).read().strip() if os.path.exists(fpath) else ""
         for r in read(path):
             key = (r["model"], int(r["batch"]), int(r["ctx"]), flags)
             ours.setdefault(key, []).append(float(r["step_median_ms"]))
+            windows["ours"].add((int(r["steps"]), int(r["warmup"])))
     if not ours:
         sys.exit(f"side_by_side.py: no ours_*.csv rows in {out}")
     torch = {}  # (model, batch, ctx) -> {mode: step ms}
@@ -36,6 +44,7 @@ def main(out):
         for r in read(tpath):
             modes = torch.setdefault((r["model"], int(r["batch"]), int(r["ctx"])), {})
             modes[r["mode"]] = float(r["step_median_ms"])
+            windows["PyTorch"].add((int(r["steps"]), int(r["warmup"])))
     print("| model | batch×ctx | ours flags | ours ms | PyTorch ms | best PyTorch / ours |")
     print("|---|---|---|---|---|---|")
     for (model, batch, ctx, flags), runs in ours.items():
@@ -49,6 +58,45 @@ def main(out):
             ratio = "—"
         print(f"| {model} | {batch}×{ctx} | {f'`{flags}`' if flags else ''} | {', '.join(f'{x:.2f}' for x in runs)} | "
               f"{theirs or '—'} | {ratio} |")
+    timed = "; ".join(f"{side} " + ", ".join(f"{n} steps after {w}" for n, w in sorted(ws))
+                      for side, ws in windows.items() if ws)
+    print(f"\nMedians of {timed}.")
+    gpu_table(out)
+
+
+def gpu_table(out):
+    runs_path = os.path.join(out, "runs.txt")
+    samples_path = os.path.join(out, "gpu_samples.csv")
+    if not (os.path.exists(runs_path) and os.path.exists(samples_path)):
+        return
+    fmt = "%Y/%m/%d %H:%M:%S.%f"
+    samples = []  # (time, utilization %, SM MHz, W, °C)
+    with open(samples_path) as f:
+        for line in f:
+            p = [x.strip() for x in line.split(",")]
+            try:
+                samples.append((datetime.strptime(p[0], fmt), float(p[1]), float(p[2]),
+                                float(p[3]), float(p[4])))
+            except (IndexError, ValueError):
+                continue  # a line cut short when the sampler was stopped, or a field not supported
+    rows = []
+    with open(runs_path) as f:
+        for line in f:
+            label, start, end = line.rstrip("\n").split("\t")
+            a, b = datetime.strptime(start, fmt), datetime.strptime(end, fmt)
+            busy = [x for x in samples if a <= x[0] <= b and x[1] >= 50]
+            rows.append((label, busy))
+    if not any(busy for _, busy in rows):
+        return
+    print("\n| run | busy samples | SM clock MHz | power W | temperature °C |")
+    print("|---|---|---|---|---|")
+    for label, busy in rows:
+        if not busy:
+            print(f"| {label} | 0 | — | — | — |")
+            continue
+        med = lambda i: statistics.median(x[i] for x in busy)
+        print(f"| {label} | {len(busy)} | {med(2):.0f} | {med(3):.0f} | "
+              f"{min(x[4] for x in busy):.0f}–{max(x[4] for x in busy):.0f} |")
 
 
 if __name__ == "__main__":

@@ -11,12 +11,18 @@
 # that drift shows as a spread between ours' two runs. Then launch/side_by_side.py OUT_DIR prints
 # the table.
 #
-# Env: DEVICE (cuda), WARMUP (5), STEPS (20, ours; PyTorch takes 15 after 5 as ANCHORS.md did),
-# PASSES (2; 1 runs ours only before PyTorch, when device time is short),
+# Env: DEVICE (cuda), WARMUP (5), STEPS (20, ours), TORCH_WARMUP (5), TORCH_STEPS (15, as
+# ANCHORS.md measured PyTorch), PASSES (2; 1 runs ours only before PyTorch, when device time is
+# short), GPU_SAMPLES (1: with nvidia-smi on the cuda device, every run's SM clock and power are
+# sampled every 50 ms, and the table's second part gives their medians while the GPU is busy).
+# An H100 or H200 reaches its 700 W cap within a second of load and then lowers its clocks, so
+# the default windows (about 0.5 s of small's steps) see the cap's onset; STEPS=300
+# TORCH_STEPS=300 measure both sides held at the cap, as a long training run is.
 # TORCH=0 skips PyTorch (also skipped, with a note, when torch is not importable). Exits 1 when
 # a run of ours failed (its last lines are in the log), 2 for a bad argument.
 # Files: OUT_DIR/ours_<label>.csv (one per set of trainer flags, the label made of them; "default"
-# for none) with the flags in OUT_DIR/ours_<label>.flags, OUT_DIR/torch.csv, OUT_DIR/log.txt.
+# for none) with the flags in OUT_DIR/ours_<label>.flags, OUT_DIR/torch.csv, OUT_DIR/log.txt,
+# OUT_DIR/runs.txt (each run's label, start and end) and OUT_DIR/gpu_samples.csv.
 set -uo pipefail
 usage="usage: side_by_side.sh BUILD_DIR OUT_DIR [model:batch:ctx:torch_mode[:flags]...]"
 build=${1:?$usage}
@@ -44,6 +50,26 @@ done
 mkdir -p "$out"
 log=$out/log.txt
 failed=0
+runs=$out/runs.txt  # label, start and end of every run, in nvidia-smi's timestamp format
+: > "$runs"
+sampler=
+stamp() { date '+%Y/%m/%d %H:%M:%S.%3N'; }
+if [[ ${GPU_SAMPLES:-1} != 0 && $device == cuda ]] && command -v nvidia-smi > /dev/null; then
+  visible=${CUDA_VISIBLE_DEVICES:-0}
+  nvidia-smi -i "${visible%%,*}" --format=csv,noheader,nounits -lms 50 \
+    --query-gpu=timestamp,utilization.gpu,clocks.sm,power.draw,temperature.gpu \
+    > "$out/gpu_samples.csv" 2> /dev/null &
+  sampler=$!
+  trap '[[ -n $sampler ]] && kill "$sampler" 2> /dev/null' EXIT
+fi
+timed() {  # timed LABEL CMD...: runs CMD, recording when it ran
+  local start rc
+  start=$(stamp)
+  "${@:2}"
+  rc=$?
+  printf '%s\t%s\t%s\n' "$1" "$start" "$(stamp)" >> "$runs"
+  return $rc
+}
 
 ours() {  # one run of every cell
   for cell in "${cells[@]}"; do
@@ -51,8 +77,9 @@ ours() {  # one run of every cell
     read -r -a extra <<<"$flags"
     label=$(tr -c 'A-Za-z0-9.\n' '_' <<<"${flags:-default}" | sed 's/^_*//')
     printf '%s\n' "$flags" > "$out/ours_$label.flags"
-    res=$("$build/trainer" --benchmark --device "$device" --model "$model" --batch "$batch" \
-      --ctx "$ctx" --warmup "$warmup" --steps "$steps" "${extra[@]}" --csv "$out/ours_$label.csv" 2>&1)
+    res=$(timed "ours $model $batch×$ctx${flags:+ $flags}" "$build/trainer" --benchmark \
+      --device "$device" --model "$model" --batch "$batch" --ctx "$ctx" --warmup "$warmup" \
+      --steps "$steps" "${extra[@]}" --csv "$out/ours_$label.csv" 2>&1)
     rc=$?
     printf 'ours  %-6s %3s x %-5s %-20s rc %d | %s\n' "$model" "$batch" "$ctx" "${flags:-}" "$rc" \
       "$(grep -E "step +[0-9.]+ ±" <<<"$res" | sed -E 's/.*step +//')" | tee -a "$log"
@@ -68,12 +95,19 @@ if [[ ${TORCH:-1} != 0 ]] && python3 -c "import torch" 2>/dev/null; then
     key=$model:$batch:$ctx:$mode
     [[ -n ${done_cells[$key]:-} ]] && continue
     done_cells[$key]=1
-    python3 "$root/launch/torch_step_bench.py" --model "$model" --batch "$batch" --ctx "$ctx" \
-      --mode "$mode" --csv "$out/torch.csv" 2>&1 | tail -1 | sed 's/^/torch /' | tee -a "$log"
+    timed "torch $model $batch×$ctx $mode" python3 "$root/launch/torch_step_bench.py" \
+      --model "$model" --batch "$batch" --ctx "$ctx" --mode "$mode" \
+      --warmup "${TORCH_WARMUP:-5}" --steps "${TORCH_STEPS:-15}" --csv "$out/torch.csv" 2>&1 |
+      tail -1 | sed 's/^/torch /' | tee -a "$log"
   done
 else
   echo "PyTorch skipped (TORCH=0 or torch not importable)" | tee -a "$log"
 fi
 [[ ${PASSES:-2} == 1 ]] || ours
+if [[ -n $sampler ]]; then
+  kill "$sampler" 2> /dev/null
+  wait "$sampler" 2> /dev/null
+  sampler=
+fi
 python3 "$root/launch/side_by_side.py" "$out" || failed=1
 exit $failed
