@@ -45,6 +45,26 @@ table=$(python3 "$root/launch/side_by_side.py" "$tmp/b")
 want='| tiny | 2×32 |  | 5.00, 4.00 | 10.00 (`compile`), 20.00 (`eager`) | 2.00–2.50× |'
 grep -qxF "$want" <<<"$table" && ok "ratios $want" || fail "ratios: $table"
 
+# Each run's label and times, for the clock table; the steps each side timed under the table.
+labels=$(cut -f1 "$tmp/a/runs.txt" | sort | uniq -c | sed 's/^ *//')
+[[ $labels == $'2 ours tiny 2×32\n2 ours tiny 2×32 --lr 1e-3' ]] && ok "runs.txt labels" ||
+  fail "runs.txt labels: $labels"
+grep -qxF "Medians of ours 2 steps after 0; PyTorch 15 steps after 5." <<<"$table" &&
+  ok "steps timed under the table" || fail "steps timed: $table"
+
+# The clock table from runs.txt and nvidia-smi's samples: busy samples only (utilization >= 50),
+# a cut-off last line ignored, a run without busy samples shown empty.
+printf 'ours tiny 2×32\t2026/11/26 21:50:00.000\t2026/11/26 21:50:01.000\n' > "$tmp/b/runs.txt"
+printf 'torch tiny 2×32 compile\t2026/11/26 21:50:02.000\t2026/11/26 21:50:03.000\n' >> "$tmp/b/runs.txt"
+printf '%s\n' '2026/11/26 21:50:00.100, 95, 1500, 690.1, 50' '2026/11/26 21:50:00.150, 10, 1980, 100.0, 49' \
+  '2026/11/26 21:50:00.200, 97, 1620, 692.0, 52' '2026/11/26 21:50:00.250, 99, 1560, 693.5, 51' \
+  '2026/11/26 21:50:02.500, 20, 1980, 90.0, 45' '2026/11/26 21:50:0' > "$tmp/b/gpu_samples.csv"
+table=$(python3 "$root/launch/side_by_side.py" "$tmp/b")
+grep -qxF '| ours tiny 2×32 | 3 | 1560 | 692 | 50–52 |' <<<"$table" && ok "clock table: busy medians" ||
+  fail "clock table: $table"
+grep -qxF '| torch tiny 2×32 compile | 0 | — | — | — |' <<<"$table" && ok "clock table: idle run" ||
+  fail "clock table (idle run): $table"
+
 # 3. Errors: a bad cell (exit 2, nothing run), a failing run (exit 1), no rows (exit non-zero).
 out=$(sbs "$tmp/c" "tiny:2:32:fast" 2>&1)
 rc=$?
