@@ -182,6 +182,17 @@ std::string cuda_device_name(int device) {
   return "";
 }
 
+std::string cuda_device_pci_bus_id(int device) {
+#ifdef TRAINER_WITH_CUDA
+  char id[32] = {};
+  if (cudaDeviceGetPCIBusId(id, sizeof(id), device) == cudaSuccess) return id;
+  cudaGetLastError();  // as device_properties: an invalid index leaves no sticky error
+#else
+  (void)device;
+#endif
+  return "";
+}
+
 int64_t memory_in_use(DeviceKind device) {
   if (device == DeviceKind::kCuda) {
 #ifdef TRAINER_WITH_CUDA

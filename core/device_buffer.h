@@ -50,6 +50,9 @@ int cuda_device_count();
 std::string cuda_device_uuid(int device);
 // The device's marketing name ("NVIDIA H200"); "" without the CUDA backend or for an invalid index.
 std::string cuda_device_name(int device);
+// The device's PCI bus id ("0000:19:00.0"), by which NVML finds it; "" without the CUDA backend or
+// for an invalid index.
+std::string cuda_device_pci_bus_id(int device);
 // Bytes held now by the DeviceBuffers of this process on `device` (the allocator's own count).
 int64_t device_buffer_bytes(DeviceKind device);
 // Memory in use: on CUDA the device's used bytes (total - free, as cudaMemGetInfo sees it); on

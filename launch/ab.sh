@@ -6,8 +6,8 @@
 #   launch/ab.sh out/ab 2 "2.7B:4:512" "before|old/trainer" "off|build/trainer --overlap-update off"
 # Each cell of each round is one trainer --benchmark --device cuda --warmup 5 --steps 20 run that
 # appends a row to OUT_PREFIX.LABEL.csv (one file per variant: binaries of different versions may
-# write different columns) and prints its step, wall (host clock, launch to launch) and optimizer
-# lines.
+# write different columns) and prints its step, wall (host clock, launch to launch), optimizer and
+# GPU (SM clock and power, where NVML is found) lines.
 set -uo pipefail
 usage="usage: ab.sh OUT_PREFIX ROUNDS \"SHAPES\" \"LABEL|TRAINER [FLAGS...]\"..."
 prefix=${1:?$usage}
@@ -24,10 +24,11 @@ for ((r = 1; r <= rounds; ++r)); do
       out=$("${cmd[@]}" --benchmark --device cuda --model "$model" --batch "$batch" --ctx "$ctx" \
         --warmup 5 --steps 20 --csv "$prefix.$label.csv" 2>&1)
       rc=$?
-      printf '%-6s %2s x %-5s %-8s rc %d | step %s | wall %s | optimizer %s\n' "$model" "$batch" \
-        "$ctx" "$label" "$rc" "$(grep -E "step +[0-9.]+ ±" <<<"$out" | sed -E 's/.*step +//')" \
+      printf '%-6s %2s x %-5s %-8s rc %d | step %s | wall %s | optimizer %s | GPU %s\n' "$model" \
+        "$batch" "$ctx" "$label" "$rc" "$(grep -E "step +[0-9.]+ ±" <<<"$out" | sed -E 's/.*step +//')" \
         "$(grep -E "wall +[0-9.]+ ms per step" <<<"$out" | sed -E 's/.*wall +([0-9.]+) ms.*/\1/')" \
-        "$(grep -E "optimizer +[0-9.]+ ±" <<<"$out" | sed -E 's/.*optimizer +//')"
+        "$(grep -E "optimizer +[0-9.]+ ±" <<<"$out" | sed -E 's/.*optimizer +//')" \
+        "$(grep -E " GPU +SM clock" <<<"$out" | sed -E 's/.* GPU +//; s/ \(rank 0.*//')"
     done
   done
 done

@@ -6,10 +6,15 @@
 #include "core/log.h"
 #include "runtime/csv.h"
 #include "runtime/floors.h"
+#include "runtime/gpu_power.h"
 #include "runtime/kernel_trace.h"
 #include "runtime/run.h"
 
 namespace trainer {
+
+namespace {
+constexpr int kPowerPeriodMs = 20;  // NVML's clock and power sampling period
+}  // namespace
 
 const char* const kCsvHeader =
     "time,model,d_model,d_ff,layers,heads,vocab,ctx,batch,grad_accum,world,device,precision,attn,"
@@ -17,7 +22,8 @@ const char* const kCsvHeader =
     "comm_ms,comm_std,optimizer_ms,optimizer_std,step_ms,step_std,step_median_ms,tokens_per_s,mfu,"
     "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,hosts,recompute,"
     "forward_floor_ms,backward_floor_ms,optimizer_floor_ms,gemm_forward_ms,gemm_backward_ms,"
-    "copy_gb_s,cuda_graph,adam_state,optimizer_total_ms,overlap_update,update_sms";
+    "copy_gb_s,cuda_graph,adam_state,optimizer_total_ms,overlap_update,update_sms,sm_clock_mhz,"
+    "power_w,power_capped";
 
 // --kernel-trace: the files (one pair per rank when there are several) and, per timed step on
 // average, what the kernels did with the GPU's time.
@@ -75,8 +81,17 @@ void Run::benchmark(TrainResult& result) {
       usage_error("--kernel-trace records GPU kernels, and this run is on the CPU");
     trace = make_kernel_trace();
   }
+  // The GPU's clock and power over the timed steps (rank 0 reports its own GPU's).
+  std::unique_ptr<PowerSampler> power;
+  if (device_ == DeviceKind::kCuda) {
+    std::string why;
+    power = make_power_sampler(gpu_pci_bus_, kPowerPeriodMs, &why);
+    if (!power) spdlog::debug("the GPU's clock and power are not sampled: {}", why);
+  }
+  PowerSummary pw;
   for (int64_t s = 0; s < warm + n; ++s) {
     if (trace && s == warm) trace->begin();
+    if (power && s == warm) power->begin();
     if (s > warm) wall.push_back(ms_since(launched));
     launched = Clock::now();
     timer_->begin(Phase::kStep);
@@ -99,6 +114,7 @@ void Run::benchmark(TrainResult& result) {
     if (s == 0) report_memory(1);
   }
   wall.push_back(ms_since(launched));
+  if (power) pw = power->end();
   if (trace) {
     const std::vector<TracedKernel> kernels = trace->finish();
     trace.reset();
@@ -170,6 +186,9 @@ void Run::benchmark(TrainResult& result) {
   // host reads the loss and the timings. Wall clock per step counts that too.
   spdlog::info("  wall      {:8.3f} ms per step, median (rank 0's host clock, launch to launch)",
                median(wall));
+  if (pw.samples > 0)
+    spdlog::info("  GPU       {} (rank 0's GPU over the timed steps, NVML every {} ms)",
+                 describe_power(pw), kPowerPeriodMs);
   if (floors.measured) {
     spdlog::info(
         "floors on this GPU (copy {:.0f} GB/s; flash attention at T 4096: forward {:.0f}, backward "
@@ -204,7 +223,7 @@ void Run::benchmark(TrainResult& result) {
     const std::string row = fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
         "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{},"
-        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{},{},{:.4f},{},{}\n",
+        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{},{},{:.4f},{},{},{:.0f},{:.1f},{:.3f}\n",
         std::time(nullptr), o_.model, c.d_model, c.d_ff, c.n_layers, c.n_heads, c.vocab, c.ctx,
         o_.batch, o_.grad_accum, nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu",
         precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
@@ -213,7 +232,8 @@ void Run::benchmark(TrainResult& result) {
         o_.comm_sms, tc.mean, nccl_env_field(), host_count(places_), o_.recompute,
         floors.forward_ms(), floors.backward_ms(), floors.optimizer_ms, floors.gemm_forward_ms,
         floors.gemm_backward_ms, floors.copy_gb_s, o_.cuda_graph ? 1 : 0, o_.adam_state, lane_ms,
-        overlap_update_ ? 1 : 0, update_sms_);
+        overlap_update_ ? 1 : 0, update_sms_, pw.sm_mhz_median, pw.watts_median,
+        pw.capped_fraction);
     append_csv_row(o_.csv, kCsvHeader, row);
   }
 }

@@ -206,6 +206,7 @@ class Run {
   DeviceKind device_ = DeviceKind::kCpu;
   Precision precision_ = Precision::kFp32;
   std::string gpu_name_;           // this rank's GPU ("" on the CPU)
+  std::string gpu_pci_bus_;        // and its PCI bus id, for NVML (gpu_power.h)
   std::vector<RankPlace> places_;  // every rank's host, local rank and GPU (rank 0 only)
   double peak_tflops_ = 0;         // per device, for MFU (0: not reported)
   int64_t flat_ = 0, G_ = 0;

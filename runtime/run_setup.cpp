@@ -319,7 +319,10 @@ void Run::copy_tokenizer() const {
 }
 
 void Run::build(int gpu) {
-  if (device_ == DeviceKind::kCuda) gpu_name_ = cuda_device_name(gpu);
+  if (device_ == DeviceKind::kCuda) {
+    gpu_name_ = cuda_device_name(gpu);
+    gpu_pci_bus_ = cuda_device_pci_bus_id(gpu);
+  }
   peak_tflops_ = o_.peak_tflops > 0 ? o_.peak_tflops : peak_tflops(gpu_name_, precision_);
   if (rank_ == 0 && device_ == DeviceKind::kCuda && peak_tflops_ <= 0)
     spdlog::warn("MFU not reported: no known peak TFLOP/s of a {} at {}; pass --peak-tflops",

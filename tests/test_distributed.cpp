@@ -27,8 +27,10 @@
 #include <vector>
 
 #include "comm/mpi_communicator.h"
+#include "core/device_buffer.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
+#include "runtime/gpu_power.h"
 #include "runtime/options.h"
 #include "runtime/trainer.h"
 #include "tests/catch.h"
@@ -837,9 +839,26 @@ TEST_CASE("--overlap-update benchmarks report the update's time beside forward",
   std::string header, row;
   std::getline(in, header);
   std::getline(in, row);
-  const std::string last_columns = ",optimizer_total_ms,overlap_update,update_sms";
+  const std::string last_columns =
+      ",optimizer_total_ms,overlap_update,update_sms,sm_clock_mhz,power_w,power_capped";
   CHECK(header.substr(header.size() - last_columns.size()) == last_columns);
-  CHECK(row.substr(row.size() - 4) == ",1,0");  // the overlap on, no SMs reserved
+  // The overlap on, no SMs reserved; then the GPU's clock, power and capped share, sampled where
+  // NVML is found.
+  std::vector<std::string> fields;
+  for (size_t a = 0, b; a <= row.size(); a = b + 1) {
+    b = std::min(row.find(',', a), row.size());
+    fields.push_back(row.substr(a, b - a));
+  }
+  REQUIRE(fields.size() >= 5);
+  const auto tail = fields.end() - 5;
+  CHECK(tail[0] == "1");
+  CHECK(tail[1] == "0");
+  std::string why;
+  if (make_power_sampler(cuda_device_pci_bus_id(0), 20, &why)) {
+    CHECK(std::stod(tail[2]) > 0);
+    CHECK(std::stod(tail[3]) > 0);
+    CHECK(std::stod(tail[4]) >= 0);
+  }
   fs::remove(csv);
   // Every update, warm-up steps' included, is a slice on its own track of the trace.
   std::ifstream t(trace);

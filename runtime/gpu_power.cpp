@@ -1,0 +1,181 @@
+// GPU clock and power sampling (gpu_power.h). NVML's few entry points are declared here rather
+// than taken from nvml.h, which CUDA toolkits do not always install; their signatures and the
+// constants below are part of NVML's stable ABI.
+#include "runtime/gpu_power.h"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "runtime/step_timer.h"
+
+namespace trainer {
+namespace {
+
+using NvmlReturn = int;
+struct NvmlDeviceSt;
+using NvmlDevice = NvmlDeviceSt*;
+constexpr NvmlReturn kNvmlSuccess = 0;
+constexpr int kNvmlClockSm = 1;                        // NVML_CLOCK_SM
+constexpr unsigned long long kReasonSwPowerCap = 0x4;  // nvmlClocksEventReasonSwPowerCap
+
+struct Nvml {
+  void* lib = nullptr;
+  NvmlReturn (*init)() = nullptr;
+  NvmlReturn (*shutdown)() = nullptr;
+  const char* (*error_string)(NvmlReturn) = nullptr;
+  NvmlReturn (*by_pci_bus_id)(const char*, NvmlDevice*) = nullptr;
+  NvmlReturn (*clock_info)(NvmlDevice, int, unsigned*) = nullptr;
+  NvmlReturn (*power_usage)(NvmlDevice, unsigned*) = nullptr;        // milliwatts
+  NvmlReturn (*power_limit)(NvmlDevice, unsigned*) = nullptr;        // milliwatts
+  NvmlReturn (*reasons)(NvmlDevice, unsigned long long*) = nullptr;  // optional
+
+  std::string error(NvmlReturn r) const {
+    return fmt::format("{} ({})", error_string ? error_string(r) : "error", r);
+  }
+};
+
+template <typename F>
+bool bind(void* lib, F& f, const char* name) {
+  f = reinterpret_cast<F>(dlsym(lib, name));
+  return f != nullptr;
+}
+
+class NvmlSampler final : public PowerSampler {
+ public:
+  NvmlSampler(Nvml api, NvmlDevice device, int period_ms, double limit_watts)
+      : api_(api), device_(device), period_(period_ms), limit_watts_(limit_watts) {}
+  ~NvmlSampler() override {
+    stop();
+    api_.shutdown();
+  }
+
+  void begin() override {
+    stop();
+    samples_.clear();
+    stopping_ = false;
+    thread_ = std::thread([this] { run(); });
+  }
+
+  PowerSummary end() override {
+    stop();
+    return summarize_power(samples_, limit_watts_);
+  }
+
+ private:
+  // Samples at once, then every period until stopped: even a window shorter than the period
+  // has its sample.
+  void run() {
+    auto next = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(mutex_);
+    do {
+      PowerSample s;
+      unsigned mhz = 0, mw = 0;
+      unsigned long long why = 0;
+      if (api_.clock_info(device_, kNvmlClockSm, &mhz) == kNvmlSuccess &&
+          api_.power_usage(device_, &mw) == kNvmlSuccess) {
+        s.sm_mhz = mhz;
+        s.watts = mw / 1000.0;
+        s.power_capped = api_.reasons && api_.reasons(device_, &why) == kNvmlSuccess &&
+                         (why & kReasonSwPowerCap) != 0;
+        samples_.push_back(s);
+      }
+      next += period_;
+      wake_.wait_until(lock, next, [this] { return stopping_; });
+    } while (!stopping_);
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  Nvml api_;
+  NvmlDevice device_;
+  std::chrono::milliseconds period_;
+  double limit_watts_;
+  std::vector<PowerSample> samples_;  // the thread's until it is joined
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = true;
+  std::thread thread_;
+};
+
+}  // namespace
+
+PowerSummary summarize_power(std::vector<PowerSample> samples, double limit_watts) {
+  PowerSummary s;
+  s.limit_watts = limit_watts;
+  s.samples = static_cast<int64_t>(samples.size());
+  if (samples.empty()) return s;
+  std::vector<double> mhz, watts;
+  int64_t capped = 0;
+  for (const PowerSample& p : samples) {
+    mhz.push_back(p.sm_mhz);
+    watts.push_back(p.watts);
+    capped += p.power_capped ? 1 : 0;
+  }
+  s.sm_mhz_min = *std::min_element(mhz.begin(), mhz.end());
+  s.sm_mhz_max = *std::max_element(mhz.begin(), mhz.end());
+  s.sm_mhz_median = median(mhz);
+  s.watts_median = median(watts);
+  s.capped_fraction = static_cast<double>(capped) / static_cast<double>(s.samples);
+  return s;
+}
+
+std::string describe_power(const PowerSummary& s) {
+  if (s.samples == 0) return "no samples";
+  return fmt::format(
+      "SM clock {:.0f} MHz ({:.0f}-{:.0f}), {:.0f} W{}, power cap in {:.0f}% of {} samples",
+      s.sm_mhz_median, s.sm_mhz_min, s.sm_mhz_max, s.watts_median,
+      s.limit_watts > 0 ? fmt::format(" of {:.0f} W", s.limit_watts) : "", 100 * s.capped_fraction,
+      s.samples);
+}
+
+std::unique_ptr<PowerSampler> make_power_sampler(const std::string& pci_bus_id, int period_ms,
+                                                 std::string* why) {
+  Nvml api;
+  api.lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!api.lib) {
+    *why = "NVML (libnvidia-ml.so.1) not found";
+    return nullptr;
+  }
+  const bool bound = bind(api.lib, api.init, "nvmlInit_v2") &&
+                     bind(api.lib, api.shutdown, "nvmlShutdown") &&
+                     bind(api.lib, api.error_string, "nvmlErrorString") &&
+                     bind(api.lib, api.by_pci_bus_id, "nvmlDeviceGetHandleByPciBusId_v2") &&
+                     bind(api.lib, api.clock_info, "nvmlDeviceGetClockInfo") &&
+                     bind(api.lib, api.power_usage, "nvmlDeviceGetPowerUsage") &&
+                     bind(api.lib, api.power_limit, "nvmlDeviceGetEnforcedPowerLimit");
+  if (!bound) {
+    *why = "NVML lacks an entry point this build uses";
+    return nullptr;
+  }
+  // The reasons' newer name first (drivers from 535), then the older one.
+  if (!bind(api.lib, api.reasons, "nvmlDeviceGetCurrentClocksEventReasons"))
+    bind(api.lib, api.reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
+  if (const NvmlReturn r = api.init(); r != kNvmlSuccess) {
+    *why = "nvmlInit failed: " + api.error(r);
+    return nullptr;
+  }
+  NvmlDevice device = nullptr;
+  if (const NvmlReturn r = api.by_pci_bus_id(pci_bus_id.c_str(), &device); r != kNvmlSuccess) {
+    *why = fmt::format("NVML does not find the GPU at {}: {}", pci_bus_id, api.error(r));
+    api.shutdown();
+    return nullptr;
+  }
+  unsigned limit_mw = 0;
+  if (api.power_limit(device, &limit_mw) != kNvmlSuccess) limit_mw = 0;
+  return std::make_unique<NvmlSampler>(api, device, period_ms, limit_mw / 1000.0);
+}
+
+}  // namespace trainer

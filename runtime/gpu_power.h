@@ -1,0 +1,52 @@
+// The GPU's SM clock and power while --benchmark's timed steps run, from NVML (the driver's
+// management library, loaded at run time with dlopen, so that the trainer runs where it is absent).
+//
+// An H100 or H200 reaches its power limit within a second of a training load and then lowers its
+// SM clock: the steps of a short benchmark window see the onset, those of a long run the cap
+// itself, and two programs held at the same cap run at the clocks their work per microsecond
+// allows. The summary says which state a run's steps saw.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trainer {
+
+struct PowerSample {
+  double sm_mhz = 0;
+  double watts = 0;           // board power as NVML reports it (an average over its own window)
+  bool power_capped = false;  // the software power cap is lowering the clocks
+};
+
+struct PowerSummary {
+  int64_t samples = 0;
+  double sm_mhz_median = 0, sm_mhz_min = 0, sm_mhz_max = 0;
+  double watts_median = 0;
+  double limit_watts = 0;      // the enforced power limit (0: unknown)
+  double capped_fraction = 0;  // of the samples, those with the power cap lowering the clocks
+};
+
+// Medians over the samples (0 samples: an empty summary with the limit).
+PowerSummary summarize_power(std::vector<PowerSample> samples, double limit_watts);
+
+class PowerSampler {
+ public:
+  virtual ~PowerSampler() = default;
+  // Starts sampling on a thread of its own (earlier samples are dropped).
+  virtual void begin() = 0;
+  // Stops sampling; the summary of the samples since begin().
+  virtual PowerSummary end() = 0;
+};
+
+// NVML on the GPU with this PCI bus id (as cudaDeviceGetPCIBusId writes it), every `period_ms`.
+// Null, with the reason in *why, where NVML or the GPU cannot be opened.
+std::unique_ptr<PowerSampler> make_power_sampler(const std::string& pci_bus_id, int period_ms,
+                                                 std::string* why);
+
+// One line for the benchmark's report: "SM clock 1605 MHz (1410-1980), 692 W of 700 W, power cap
+// in 87% of 520 samples".
+std::string describe_power(const PowerSummary& s);
+
+}  // namespace trainer

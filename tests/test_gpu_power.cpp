@@ -1,0 +1,81 @@
+// runtime/gpu_power.h: the summary's arithmetic and its line on samples made up here, and the
+// sampler's refusal of a GPU that does not exist. With a GPU (built with CUDA, a device visible
+// and NVML loadable), the sampler also reads the real device while it spins.
+#include <string>
+#include <vector>
+
+#include "core/device_buffer.h"
+#include "runtime/gpu_power.h"
+#include "tests/catch.h"
+
+using trainer::PowerSample;
+using trainer::PowerSummary;
+
+TEST_CASE("summarize_power: medians, range and the share of capped samples", "[power]") {
+  const std::vector<PowerSample> odd = {{1605, 692, true},
+                                        {1980, 120, false},
+                                        {1500, 695, true},
+                                        {1560, 690, true},
+                                        {1700, 600, false}};
+  const PowerSummary s = trainer::summarize_power(odd, 700);
+  CHECK(s.samples == 5);
+  CHECK(s.sm_mhz_median == 1605);
+  CHECK(s.sm_mhz_min == 1500);
+  CHECK(s.sm_mhz_max == 1980);
+  CHECK(s.watts_median == 690);
+  CHECK(s.limit_watts == 700);
+  CHECK_THAT(s.capped_fraction, WithinAbs(0.6, 1e-12));
+  CHECK(trainer::describe_power(s) ==
+        "SM clock 1605 MHz (1500-1980), 690 W of 700 W, power cap in 60% of 5 samples");
+
+  // An even count takes the mean of the middle two; an unknown limit is left out of the line.
+  const PowerSummary e = trainer::summarize_power({{1500, 600, false}, {1600, 700, true}}, 0);
+  CHECK(e.sm_mhz_median == 1550);
+  CHECK(e.watts_median == 650);
+  CHECK(trainer::describe_power(e) ==
+        "SM clock 1550 MHz (1500-1600), 650 W, power cap in 50% of 2 samples");
+
+  const PowerSummary none = trainer::summarize_power({}, 700);
+  CHECK(none.samples == 0);
+  CHECK(none.sm_mhz_median == 0);
+  CHECK(none.limit_watts == 700);
+  CHECK(trainer::describe_power(none) == "no samples");
+}
+
+TEST_CASE("make_power_sampler refuses a GPU that is not there, saying why", "[power]") {
+  std::string why;
+  CHECK(trainer::make_power_sampler("ffff:ff:1f.7", 20, &why) == nullptr);
+  CHECK_FALSE(why.empty());  // NVML absent (no driver), or no GPU at that address
+}
+
+TEST_CASE("the sampler reads the GPU's clock and power", "[power][gpu]") {
+  if (trainer::cuda_device_count() == 0) {
+    SUCCEED("no CUDA device: nothing to sample");
+    return;
+  }
+  std::string why;
+  const std::string bus = trainer::cuda_device_pci_bus_id(0);
+  REQUIRE_FALSE(bus.empty());
+  auto sampler = trainer::make_power_sampler(bus, 5, &why);
+  if (!sampler) {
+    SUCCEED("NVML unavailable here: " + why);
+    return;
+  }
+  sampler->begin();
+  std::vector<double> busy(1 << 20, 1.0);  // some host work while the thread samples
+  double sum = 0;
+  for (int r = 0; r < 200; ++r)
+    for (double& v : busy) sum += v *= 1.0000001;
+  const PowerSummary s = sampler->end();
+  CHECK(sum > 0);
+  CHECK(s.samples > 0);
+  CHECK(s.sm_mhz_min > 0);
+  CHECK(s.sm_mhz_max >= s.sm_mhz_median);
+  CHECK(s.watts_median > 0);
+  CHECK(s.limit_watts > 0);
+  // Sampling again starts afresh; stopped at once, it still has its first sample.
+  sampler->begin();
+  const int64_t again = sampler->end().samples;
+  CHECK(again >= 1);
+  CHECK(again < s.samples);
+}
