@@ -25,7 +25,6 @@ constexpr int kNvmlClockSm = 1;                        // NVML_CLOCK_SM
 constexpr unsigned long long kReasonSwPowerCap = 0x4;  // nvmlClocksEventReasonSwPowerCap
 
 struct Nvml {
-  void* lib = nullptr;
   NvmlReturn (*init)() = nullptr;
   NvmlReturn (*shutdown)() = nullptr;
   const char* (*error_string)(NvmlReturn) = nullptr;
@@ -112,7 +111,7 @@ class NvmlSampler final : public PowerSampler {
 
 }  // namespace
 
-PowerSummary summarize_power(std::vector<PowerSample> samples, double limit_watts) {
+PowerSummary summarize_power(const std::vector<PowerSample>& samples, double limit_watts) {
   PowerSummary s;
   s.limit_watts = limit_watts;
   s.samples = static_cast<int64_t>(samples.size());
@@ -144,25 +143,25 @@ std::string describe_power(const PowerSummary& s) {
 std::unique_ptr<PowerSampler> make_power_sampler(const std::string& pci_bus_id, int period_ms,
                                                  std::string* why) {
   Nvml api;
-  api.lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!api.lib) {
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);  // kept open for the process
+  if (!lib) {
     *why = "NVML (libnvidia-ml.so.1) not found";
     return nullptr;
   }
-  const bool bound = bind(api.lib, api.init, "nvmlInit_v2") &&
-                     bind(api.lib, api.shutdown, "nvmlShutdown") &&
-                     bind(api.lib, api.error_string, "nvmlErrorString") &&
-                     bind(api.lib, api.by_pci_bus_id, "nvmlDeviceGetHandleByPciBusId_v2") &&
-                     bind(api.lib, api.clock_info, "nvmlDeviceGetClockInfo") &&
-                     bind(api.lib, api.power_usage, "nvmlDeviceGetPowerUsage") &&
-                     bind(api.lib, api.power_limit, "nvmlDeviceGetEnforcedPowerLimit");
+  const bool bound = bind(lib, api.init, "nvmlInit_v2") &&
+                     bind(lib, api.shutdown, "nvmlShutdown") &&
+                     bind(lib, api.error_string, "nvmlErrorString") &&
+                     bind(lib, api.by_pci_bus_id, "nvmlDeviceGetHandleByPciBusId_v2") &&
+                     bind(lib, api.clock_info, "nvmlDeviceGetClockInfo") &&
+                     bind(lib, api.power_usage, "nvmlDeviceGetPowerUsage") &&
+                     bind(lib, api.power_limit, "nvmlDeviceGetEnforcedPowerLimit");
   if (!bound) {
     *why = "NVML lacks an entry point this build uses";
     return nullptr;
   }
   // The reasons' newer name first (drivers from 535), then the older one.
-  if (!bind(api.lib, api.reasons, "nvmlDeviceGetCurrentClocksEventReasons"))
-    bind(api.lib, api.reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
+  if (!bind(lib, api.reasons, "nvmlDeviceGetCurrentClocksEventReasons"))
+    bind(lib, api.reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
   if (const NvmlReturn r = api.init(); r != kNvmlSuccess) {
     *why = "nvmlInit failed: " + api.error(r);
     return nullptr;

@@ -29,7 +29,7 @@ struct PowerSummary {
 };
 
 // Medians over the samples (0 samples: an empty summary with the limit).
-PowerSummary summarize_power(std::vector<PowerSample> samples, double limit_watts);
+PowerSummary summarize_power(const std::vector<PowerSample>& samples, double limit_watts);
 
 class PowerSampler {
  public:
