@@ -35,6 +35,10 @@ if [[ ${#cells[@]} -eq 0 ]]; then
          "2.7B:4:512:compile:--update-sms 0")
 fi
 [[ ${PASSES:-2} =~ ^[12]$ ]] || { echo "side_by_side.sh: PASSES must be 1 or 2" >&2; exit 2; }
+[[ ${TORCH_STEPS:-15} =~ ^[1-9][0-9]*$ ]] ||
+  { echo "side_by_side.sh: TORCH_STEPS must be a positive integer" >&2; exit 2; }
+[[ ${TORCH_WARMUP:-5} =~ ^[0-9]+$ ]] ||
+  { echo "side_by_side.sh: TORCH_WARMUP must be an integer >= 0" >&2; exit 2; }
 device=${DEVICE:-cuda}
 warmup=${WARMUP:-5}
 steps=${STEPS:-20}

@@ -2,7 +2,7 @@
 # launch/side_by_side.sh and its table (launch/side_by_side.py) without a GPU: the CPU backend on
 # the tiny model with PyTorch skipped runs every cell twice and tabulates them; given PyTorch rows,
 # the table's ratios are PyTorch's best time over each of ours; PASSES=1 runs ours once; bad
-# cells, a bad PASSES, a failing run and an empty directory are errors.
+# cells, a bad PASSES, TORCH_STEPS or TORCH_WARMUP, a failing run and an empty directory are errors.
 # Usage: side_by_side_test.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: side_by_side_test.sh BUILD_DIR}
@@ -78,6 +78,12 @@ out=$(PASSES=3 sbs "$tmp/f" "tiny:2:32:compile" 2>&1)
 rc=$?
 [[ $rc -eq 2 && $out == *"PASSES must be 1 or 2"* ]] && ok "PASSES=3: exit 2" ||
   fail "PASSES=3: exit $rc: $out"
+for bad in "TORCH_STEPS=0" "TORCH_STEPS=x" "TORCH_WARMUP=-1"; do
+  out=$(export "$bad"; sbs "$tmp/g" "tiny:2:32:compile" 2>&1)
+  rc=$?
+  [[ $rc -eq 2 && $out == *"${bad%%=*} must be"* && ! -e $tmp/g ]] && ok "$bad: exit 2, named" ||
+    fail "$bad: exit $rc: $out"
+done
 mkdir -p "$tmp/e"
 out=$(python3 "$root/launch/side_by_side.py" "$tmp/e" 2>&1)
 rc=$?
