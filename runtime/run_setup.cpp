@@ -437,6 +437,7 @@ void Run::build(int gpu) {
   if (overlap_update_)
     update_lane_ = std::make_unique<cuda::UpdateLane>(replica_->stream(),
                                                       static_cast<int>(update_parts_.size()));
+  if (update_lane_) update_lane_->set_debug_delay(o_.debug_update_delay_us);
 #endif
 
   sync_ = std::make_unique<GradSync>(*grad_comm_, tensors, replica_->grads(), strategy,

@@ -300,7 +300,6 @@ void Run::optimizer_step(int64_t s, double& grad_norm) {
 #ifdef TRAINER_WITH_CUDA
     if (update_lane_ && !step_skipped_) {
       update_lane_->begin();
-      update_lane_->debug_delay(o_.debug_update_delay_us);
       stream = update_lane_->stream();
     }
 #endif
@@ -347,7 +346,6 @@ bool Run::queue_update_on_device(int64_t s) {
   norm_overlap_->clip_into(step_args_->device(), o_.clip, /*loss_scale=*/1.0, &args);
   norm_pending_ = true;
   update_lane_->begin();  // after the clipping factor's kernel
-  update_lane_->debug_delay(o_.debug_update_delay_us);
   update_parts_from_device_args(/*on_lane=*/true);
   update_lane_->end();
   nvtxRangePop();

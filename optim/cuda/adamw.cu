@@ -630,6 +630,7 @@ struct UpdateLane::Impl {
   };
   std::vector<Span> pending, spare;  // updates not yet read back; events to reuse
   Span open{};
+  int64_t debug_delay_us = 0;  // set_debug_delay()
 };
 
 UpdateLane::UpdateLane(void* compute, int parts) : impl_(std::make_unique<Impl>()) {
@@ -669,10 +670,11 @@ void UpdateLane::begin() {
   m.open = m.spare.back();
   m.spare.pop_back();
   CUDA_CHECK(cudaEventRecord(m.open.start, m.lane));
+  debug_spin(m.lane, m.debug_delay_us);
   m.marked = 0;
 }
 
-void UpdateLane::debug_delay(int64_t us) { debug_spin(impl_->lane, us); }
+void UpdateLane::set_debug_delay(int64_t us) { impl_->debug_delay_us = us; }
 
 void* UpdateLane::stream() const { return impl_->lane; }
 

@@ -188,9 +188,9 @@ class UpdateLane {
   void begin();
   // The stream the update's kernels go on.
   void* stream() const;
-  // Testing hook (--debug-update-delay-us): the lane idles `us` microseconds before what follows,
-  // so that a test sees what would race with a late update.
-  void debug_delay(int64_t us);
+  // Testing hook (--debug-update-delay-us): every update's lane idles `us` microseconds at its
+  // start, so that a test sees what would race with a late update.
+  void set_debug_delay(int64_t us);
   // Ends the part just enqueued; returns its number for wait().
   int mark();
   // Ends the update (after its last part).
