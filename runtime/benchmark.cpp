@@ -81,6 +81,8 @@ void Run::benchmark(TrainResult& result) {
       usage_error("--kernel-trace records GPU kernels, and this run is on the CPU");
     trace = make_kernel_trace();
   }
+  if (o_.floors_at_cap && device_ != DeviceKind::kCuda)
+    usage_error("--floors-at-cap reads the GPU's power, and this run is on the CPU");
   // The GPU's clock and power over the timed steps (rank 0 reports its own GPU's).
   std::unique_ptr<PowerSampler> power;
   if (device_ == DeviceKind::kCuda) {
@@ -127,7 +129,11 @@ void Run::benchmark(TrainResult& result) {
     floors = measure_floors(
         *replica_, o_.config, MicroBatch{inputs_.data(), targets_.data(), o_.batch, o_.config.ctx},
         owned_.size(), static_cast<int>(dtype_size(o_.adamw().moments)), backward,
-        /*norm_beside_backward=*/has_norm_overlap() && step);
+        /*norm_beside_backward=*/has_norm_overlap() && step,
+        o_.floors_at_cap ? power.get() : nullptr);
+  if (rank_ == 0 && o_.floors_at_cap && !power)
+    floors.note += std::string(floors.note.empty() ? "" : "; ") +
+                   "no floors at the power cap: NVML cannot read this GPU's power";
   // Per-rank times to rank 0.
   std::vector<std::vector<PhaseTimes>> all(n);
   for (int64_t s = 0; s < n; ++s) all[s] = gather_times(mine[s]);
@@ -215,6 +221,28 @@ void Run::benchmark(TrainResult& result) {
           "{:.2f}x the floor",
           opt_ms, lane_updates > 0 ? " (beside forward)" : "", floors.optimizer_ms,
           floors.optimizer_bytes / 1e9, opt_ms / floors.optimizer_ms);
+  }
+  if (floors.at_cap) {
+    // The timed steps' energy: their median time at their median power.
+    const double step_j = pw.samples > 0 ? pw.watts_median * med * 1e-3 : 0.0;
+    const double parts_j = floors.step_j(backward, step);
+    const double limit = floors.limit_watts;
+    spdlog::info(
+        "at the power cap ({:.0f} W), joules per step, each part alone for {:.1f} s (the step's "
+        "GEMMs; attention at this shape on random inputs; bytes at the copy's {:.3f} J/GB):",
+        limit, floors.cap_window_s, floors.copy_j_per_gb);
+    spdlog::info("  forward   GEMMs {:.3f} + attention {:.3f} + elementwise {:.3f} J",
+                 floors.gemm_forward_j, floors.attention_forward_j, floors.elementwise_forward_j());
+    if (backward)
+      spdlog::info("  backward  GEMMs {:.3f} + attention {:.3f} + elementwise {:.3f} J",
+                   floors.gemm_backward_j, floors.attention_backward_j,
+                   floors.elementwise_backward_j());
+    if (step) spdlog::info("  optimizer {:.3f} J", floors.optimizer_j());
+    spdlog::info(
+        "  the parts  {:.3f} J = {:.3f} ms at {:.0f} W | the timed steps {:.3f} ms at {:.0f} W = "
+        "{:.3f} J, {:.2f}x the parts",
+        parts_j, limit > 0 ? 1e3 * parts_j / limit : 0.0, limit, med, pw.watts_median, step_j,
+        parts_j > 0 ? step_j / parts_j : 0.0);
   }
   if (!floors.note.empty()) spdlog::info("floors: {}", floors.note);
   report_timing(all, 0);

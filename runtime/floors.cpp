@@ -7,11 +7,17 @@
 
 #include "core/device_buffer.h"
 #include "core/error.h"
+#include "runtime/gpu_power.h"
 
 #ifdef TRAINER_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
+
+#include "core/bf16.h"
 #include "core/cuda_check.h"
+#include "core/mix64.h"
 #include "model/cuda/flash_attention.h"
 #include "model/cuda/matmul.h"
 #endif
@@ -26,7 +32,7 @@ double attention_flops(int64_t B, int64_t T, int64_t H, int64_t dh, bool backwar
 #ifndef TRAINER_WITH_CUDA
 
 PhaseFloors measure_floors(Replica&, const ModelConfig&, const MicroBatch&, int64_t, int, bool,
-                           bool) {
+                           bool, PowerSampler*) {
   PhaseFloors f;
   f.note = "floors are measured on GPUs only";
   return f;
@@ -60,26 +66,143 @@ struct Recording {
   ~Recording() { cuda::record_gemms(nullptr); }
 };
 
-// Each distinct problem of `gemms` timed alone (same plans: a Matmul picks the same algorithm
-// for the same problem and alignments), summed over the calls.
-double replay_ms(const std::vector<cuda::Gemm>& gemms, cuda::Matmul& mm, cudaStream_t s,
-                 std::map<std::string, double>& per_call) {
+// `cost` of each distinct problem of `gemms` (measured once, kept in `per_call`), summed over the
+// calls.
+template <class F>
+double per_problem_sum(const std::vector<cuda::Gemm>& gemms,
+                       std::map<std::string, double>& per_call, F&& cost) {
   double total = 0;
   for (const cuda::Gemm& g : gemms) {
     const std::string key = cuda::describe(g) + (g.c ? " +C" : "");
     auto it = per_call.find(key);
-    if (it == per_call.end())
-      it = per_call.emplace(key, time_ms(s, 2, 5, [&] { mm.run(g, s); })).first;
+    if (it == per_call.end()) it = per_call.emplace(key, cost(g)).first;
     total += it->second;
   }
   return total;
+}
+
+// bf16 values uniform in (-1, 1), the same for a seed.
+void fill_random_bf16(const DeviceBuffer& b, uint64_t seed) {
+  std::vector<uint16_t> host(static_cast<size_t>(b.count()));
+  for (size_t i = 0; i < host.size(); ++i) {
+    const uint64_t z = mix64(seed * kGolden + i);
+    host[i] = f32_to_bf16_bits(static_cast<float>(z >> 40) * 0x1p-23f - 1.0f);
+  }
+  CUDA_CHECK(cudaMemcpy(b.view().data, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+}
+
+// 256 MiB copied device to device (read and written), the measure of memory-bound work.
+struct CopyTest {
+  static constexpr int64_t kBytes = int64_t{256} << 20;
+  DeviceBuffer src{DeviceKind::kCuda, DType::kF32, kBytes / 4};
+  DeviceBuffer dst{DeviceKind::kCuda, DType::kF32, kBytes / 4};
+  static constexpr double kMovedGb = 2.0 * static_cast<double>(kBytes) * 1e-9;
+  void run(cudaStream_t s) const {
+    CUDA_CHECK(
+        cudaMemcpyAsync(dst.view().data, src.view().data, kBytes, cudaMemcpyDeviceToDevice, s));
+  }
+};
+
+// Flash attention's tensors for one shape: q, k, v, o, dO, dq, dk, dv, lse and the backward's
+// workspace; filled with a constant, or with random values (the power a kernel draws depends on
+// its operands' bits).
+struct AttentionTest {
+  int B, T, H, dh;
+  std::vector<DeviceBuffer> t;
+  DeviceBuffer lse, ws;
+  AttentionTest(int B_, int T_, int H_, int dh_, bool random)
+      : B(B_),
+        T(T_),
+        H(H_),
+        dh(dh_),
+        lse(DeviceKind::kCuda, DType::kF32, int64_t{B_} * H_ * T_),
+        ws(DeviceKind::kCuda, DType::kF32,
+           static_cast<int64_t>(
+               cuda::flash_attention_backward_workspace_bytes(B_, T_, H_, dh_) / 4 + 1)) {
+    for (int i = 0; i < 8; ++i) {
+      t.emplace_back(DeviceKind::kCuda, DType::kBF16, int64_t{B} * T * H * dh);
+      if (random)
+        fill_random_bf16(t.back(), static_cast<uint64_t>(i + 1));
+      else
+        CUDA_CHECK(cudaMemset(t.back().view().data, 0x3c, t.back().bytes()));  // 0.0115
+    }
+  }
+  __nv_bfloat16* p(int i) const { return t[i].as<__nv_bfloat16>(); }
+  void forward(cudaStream_t s) const {
+    cuda::flash_attention_forward(p(0), p(1), p(2), p(3), lse.as<float>(), B, T, H, dh, s);
+  }
+  void backward(cudaStream_t s) const {
+    cuda::flash_attention_backward(p(0), p(1), p(2), p(3), p(4), lse.as<float>(), p(5), p(6), p(7),
+                                   ws.view().data, B, T, H, dh, s);
+  }
+};
+
+// Each part at the power cap runs longer than NVML's one-second power average, after a load long
+// enough for the GPU to reach its limit.
+constexpr double kCapWindowMs = 1200;
+constexpr double kCapWarmMs = 2500;
+
+// Joules per call of `run`, back to back for `window_ms` on `s`: NVML's power reading right after
+// (its average over the last second: this work's alone) times the time per call.
+template <class F>
+double joules_per_call(cudaStream_t s, PowerSampler& power, double window_ms, F&& run) {
+  const double probe_ms = std::max(time_ms(s, 1, 3, run), 1e-3);
+  const int calls = static_cast<int>(std::clamp(std::ceil(window_ms / probe_ms), 3.0, 1e6));
+  const double ms = time_ms(s, 0, calls, run);
+  return power.watts_now() * ms * 1e-3;
+}
+
+// The parts of the step at the power cap (floors.h): fills f's joules. The GEMMs replay the
+// recorded products on the replica's buffers.
+void measure_at_cap(PhaseFloors& f, PowerSampler& power, const std::vector<cuda::Gemm>& fwd,
+                    const std::vector<cuda::Gemm>& bwd, const ModelConfig& c, const MicroBatch& mb,
+                    bool flash, bool backward, cudaStream_t s, std::vector<std::string>& missing) {
+  cuda::Matmul mm;
+  // The heaviest product brings the GPU to its limit.
+  const cuda::Gemm* heavy = nullptr;
+  for (const auto* list : {&fwd, &bwd})
+    for (const cuda::Gemm& g : *list)
+      if (!heavy || g.m * g.n * g.k * g.batch > heavy->m * heavy->n * heavy->k * heavy->batch)
+        heavy = &g;
+  if (!heavy) return;
+  joules_per_call(s, power, kCapWarmMs, [&] { mm.run(*heavy, s); });
+  std::map<std::string, double> per_call;
+  auto gemm_j = [&](const cuda::Gemm& g) {
+    return joules_per_call(s, power, kCapWindowMs, [&] { mm.run(g, s); });
+  };
+  f.gemm_forward_j = per_problem_sum(fwd, per_call, gemm_j);
+  f.gemm_backward_j = per_problem_sum(bwd, per_call, gemm_j);
+  try {
+    const CopyTest copy;
+    f.copy_j_per_gb =
+        joules_per_call(s, power, kCapWindowMs, [&] { copy.run(s); }) / CopyTest::kMovedGb;
+  } catch (const UsageError&) {
+    missing.push_back("no room for the copy at the cap: its bytes left out there");
+  }
+  if (flash) {
+    try {
+      const AttentionTest a(static_cast<int>(mb.batch), static_cast<int>(mb.seq),
+                            static_cast<int>(c.n_heads), static_cast<int>(c.head_dim()),
+                            /*random=*/true);
+      const double L = static_cast<double>(c.n_layers);
+      f.attention_forward_j = L * joules_per_call(s, power, kCapWindowMs, [&] { a.forward(s); });
+      if (backward)
+        f.attention_backward_j =
+            L * joules_per_call(s, power, kCapWindowMs, [&] { a.backward(s); });
+    } catch (const UsageError&) {
+      missing.push_back("no room for attention at the cap: left out there");
+    }
+  }
+  f.limit_watts = power.limit_watts();
+  f.cap_window_s = kCapWindowMs * 1e-3;
+  f.at_cap = true;
 }
 
 }  // namespace
 
 PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& mb,
                            int64_t optimizer_elems, int moment_bytes, bool backward,
-                           bool norm_beside_backward) {
+                           bool norm_beside_backward, PowerSampler* power) {
   PhaseFloors f;
   if (r.device() != DeviceKind::kCuda) {
     f.note = "floors are measured on GPUs only";
@@ -108,24 +231,20 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
   r.take_loss();
   r.synchronize();
   {
+    // Same plans: a Matmul picks the same algorithm for the same problem and alignments.
     cuda::Matmul mm;
     std::map<std::string, double> per_call;
-    f.gemm_forward_ms = replay_ms(fwd, mm, s, per_call);
-    f.gemm_backward_ms = replay_ms(bwd, mm, s, per_call);
+    auto alone_ms = [&](const cuda::Gemm& g) { return time_ms(s, 2, 5, [&] { mm.run(g, s); }); };
+    f.gemm_forward_ms = per_problem_sum(fwd, per_call, alone_ms);
+    f.gemm_backward_ms = per_problem_sum(bwd, per_call, alone_ms);
     f.gemm_forward_calls = static_cast<int64_t>(fwd.size());
     f.gemm_backward_calls = static_cast<int64_t>(bwd.size());
   }
 
   // 2. Copy bandwidth: 256 MiB device to device, read and written.
-  const int64_t copy_bytes = int64_t{256} << 20;
   try {
-    const DeviceBuffer src(DeviceKind::kCuda, DType::kF32, copy_bytes / 4);
-    const DeviceBuffer dst(DeviceKind::kCuda, DType::kF32, copy_bytes / 4);
-    const double ms = time_ms(s, 2, 10, [&] {
-      CUDA_CHECK(cudaMemcpyAsync(dst.view().data, src.view().data, copy_bytes,
-                                 cudaMemcpyDeviceToDevice, s));
-    });
-    f.copy_gb_s = 2.0 * static_cast<double>(copy_bytes) / (ms * 1e6);
+    const CopyTest copy;
+    f.copy_gb_s = CopyTest::kMovedGb * 1e3 / time_ms(s, 2, 10, [&] { copy.run(s); });
   } catch (const UsageError&) {
     missing.push_back("no room for the copy test's 512 MiB: no memory floors");
   }
@@ -135,24 +254,12 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
   const bool flash = r.uses_flash_attention();
   if (flash) {
     const int Bt = 4, Tt = 4096, Ht = 16;
-    const int64_t n = int64_t{Bt} * Tt * Ht * dh;
     try {
-      std::vector<DeviceBuffer> t;
-      for (int i = 0; i < 8; ++i) t.emplace_back(DeviceKind::kCuda, DType::kBF16, n);
-      for (DeviceBuffer& b : t) CUDA_CHECK(cudaMemset(b.view().data, 0x3c, b.bytes()));  // 0.0115
-      const DeviceBuffer lse(DeviceKind::kCuda, DType::kF32, int64_t{Bt} * Ht * Tt);
-      const size_t ws_bytes = cuda::flash_attention_backward_workspace_bytes(Bt, Tt, Ht, dh);
-      const DeviceBuffer ws(DeviceKind::kCuda, DType::kF32, static_cast<int64_t>(ws_bytes / 4 + 1));
-      auto p = [&](int i) { return t[i].as<__nv_bfloat16>(); };
-      const double fms = time_ms(s, 1, 3, [&] {
-        cuda::flash_attention_forward(p(0), p(1), p(2), p(3), lse.as<float>(), Bt, Tt, Ht, dh, s);
-      });
+      const AttentionTest a(Bt, Tt, Ht, dh, /*random=*/false);
+      const double fms = time_ms(s, 1, 3, [&] { a.forward(s); });
       f.attention_forward_tflops = attention_flops(Bt, Tt, Ht, dh, false) / (fms * 1e9);
       if (backward) {
-        const double bms = time_ms(s, 1, 3, [&] {
-          cuda::flash_attention_backward(p(0), p(1), p(2), p(3), p(4), lse.as<float>(), p(5), p(6),
-                                         p(7), ws.view().data, Bt, Tt, Ht, dh, s);
-        });
+        const double bms = time_ms(s, 1, 3, [&] { a.backward(s); });
         f.attention_backward_tflops = attention_flops(Bt, Tt, Ht, dh, true) / (bms * 1e9);
       }
     } catch (const UsageError&) {
@@ -184,6 +291,8 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
     const double norm_bytes = 4.0 * static_cast<double>(optimizer_elems);
     const double bwd_bytes = tokens * e * (L * (8 * d + 6 * d + 5 * ff) + 6 * d) +
                              (norm_beside_backward ? norm_bytes : 0.0);
+    f.elementwise_forward_bytes = fwd_bytes;
+    if (backward) f.elementwise_backward_bytes = bwd_bytes;
     f.elementwise_forward_ms = fwd_bytes / (f.copy_gb_s * 1e6);
     if (backward) f.elementwise_backward_ms = bwd_bytes / (f.copy_gb_s * 1e6);
     // Read the gradient (4), read and write the master (8) and both moments, write the weights.
@@ -192,6 +301,7 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
         static_cast<double>(optimizer_elems) * per_elem + (norm_beside_backward ? 0 : norm_bytes);
     f.optimizer_ms = f.optimizer_bytes / (f.copy_gb_s * 1e6);
   }
+  if (power) measure_at_cap(f, *power, fwd, bwd, c, mb, flash, backward, s, missing);
   for (size_t i = 0; i < missing.size(); ++i) f.note += (i ? "; " : "") + missing[i];
   if (!flash)
     f.note += std::string(f.note.empty() ? "" : "; ") +

@@ -10,6 +10,15 @@
 //
 // measured / floor then says how much of a phase is overhead (launch gaps, kernels below their
 // roofline, synchronisation): the next gap to close.
+//
+// At the power cap (--floors-at-cap): an H100 or H200 under a training load runs at its power
+// limit, where a step's time is its energy over that limit, and work beside other work (an update
+// beside forward, a copy beside a GEMM) still costs its joules. Each part then runs alone, back
+// to back, for longer than NVML's one-second power average, on the same GPU held at the cap: the
+// step's own GEMMs (its buffers and data), flash attention at the step's shape (random inputs:
+// power depends on the operands' bits), and a device-to-device copy, whose joules per GB price the
+// elementwise and optimizer bytes above. The parts' joules over the power limit are the shortest
+// step this GPU allows at that limit with these kernels.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +42,25 @@ struct PhaseFloors {
   double copy_gb_s = 0;  // device-to-device copy, read + write
   double attention_forward_tflops = 0, attention_backward_tflops = 0;
   double optimizer_bytes = 0;
+  double elementwise_forward_bytes = 0, elementwise_backward_bytes = 0;
+  // At the power cap (measured only when asked for): joules per step, each part alone.
+  bool at_cap = false;
+  double limit_watts = 0;
+  double cap_window_s = 0;  // how long each part ran
+  double gemm_forward_j = 0, gemm_backward_j = 0;
+  double attention_forward_j = 0, attention_backward_j = 0;  // 0 without flash attention
+  double copy_j_per_gb = 0;                                  // per GB read + written
+  double elementwise_forward_j() const { return elementwise_forward_bytes * 1e-9 * copy_j_per_gb; }
+  double elementwise_backward_j() const {
+    return elementwise_backward_bytes * 1e-9 * copy_j_per_gb;
+  }
+  double optimizer_j() const { return optimizer_bytes * 1e-9 * copy_j_per_gb; }
+  double step_j(bool backward, bool optimizer) const {
+    double j = gemm_forward_j + attention_forward_j + elementwise_forward_j();
+    if (backward) j += gemm_backward_j + attention_backward_j + elementwise_backward_j();
+    if (optimizer) j += optimizer_j();
+    return j;
+  }
   double forward_ms() const {
     return gemm_forward_ms + attention_forward_ms + elementwise_forward_ms;
   }
@@ -52,9 +80,11 @@ double attention_flops(int64_t B, int64_t T, int64_t H, int64_t dh, bool backwar
 // The GPU must have room for two 256 MiB copy buffers and the attention test's tensors; what does
 // not fit is left out and named in `note`.
 // norm_beside_backward: the gradient norm's pass runs during backward (one GPU), not in the
-// optimizer phase.
+// optimizer phase. power: the GPU's NVML reader, to measure the parts at the power cap as well
+// (some 20-40 s); null: not.
+class PowerSampler;
 PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& mb,
                            int64_t optimizer_elems, int moment_bytes, bool backward,
-                           bool norm_beside_backward = false);
+                           bool norm_beside_backward = false, PowerSampler* power = nullptr);
 
 }  // namespace trainer

@@ -66,6 +66,13 @@ class NvmlSampler final : public PowerSampler {
     return summarize_power(samples_, limit_watts_);
   }
 
+  double watts_now() override {
+    unsigned mw = 0;
+    return api_.power_usage(device_, &mw) == kNvmlSuccess ? mw / 1000.0 : 0.0;
+  }
+
+  double limit_watts() const override { return limit_watts_; }
+
  private:
   // Samples at once, then every period until stopped: even a window shorter than the period
   // has its sample.

@@ -38,6 +38,10 @@ class PowerSampler {
   virtual void begin() = 0;
   // Stops sampling; the summary of the samples since begin().
   virtual PowerSummary end() = 0;
+  // NVML's power reading now (its average over about the last second), W; 0 when unread.
+  virtual double watts_now() = 0;
+  // The enforced power limit, W (0: unknown).
+  virtual double limit_watts() const = 0;
 };
 
 // NVML on the GPU with this PCI bus id (as cudaDeviceGetPCIBusId writes it), every `period_ms`.

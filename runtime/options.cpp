@@ -206,6 +206,9 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--kernel-trace", o.kernel_trace,
                  "benchmark on a GPU: record every kernel of the timed steps as they ran (CUPTI) "
                  "into PREFIX.json (Perfetto) and PREFIX.csv, and log busy and idle time per step");
+  app.add_flag("--floors-at-cap", o.floors_at_cap,
+               "benchmark on a GPU: also run each part of the step (its GEMMs, attention, a copy) "
+               "alone at the power limit for a second or more, and log the step's energy floor");
   app.add_option("--csv", o.csv, "benchmark: append a result row to this CSV file");
   app.add_option("--debug-die-at-step", o.debug_die_at_step)->group("");
   app.add_option("--debug-die-rank", o.debug_die_rank)->group("");
@@ -310,6 +313,10 @@ void validate_options(const Options& o) {
     usage_error("--kernel-trace records --benchmark's timed steps: add --benchmark");
   if (!o.kernel_trace.empty() && o.device == "cpu")
     usage_error("--kernel-trace records GPU kernels: it needs --device cuda (or auto on a GPU)");
+  if (o.floors_at_cap && !o.benchmark)
+    usage_error("--floors-at-cap measures --benchmark's step: add --benchmark");
+  if (o.floors_at_cap && o.device == "cpu")
+    usage_error("--floors-at-cap reads the GPU's power: it needs --device cuda (or auto on a GPU)");
   if (o.bench_mode != "forward" && o.bench_mode != "forward-backward" && o.bench_mode != "train")
     usage_error("--mode '{}' is not forward, forward-backward or train", o.bench_mode);
   if (!o.benchmark && o.data.empty())
@@ -347,7 +354,7 @@ std::string settings_fingerprint(const Options& o) {
     << "\ngrad-reduce=" << o.grad_reduce << "\ncomm-sms=" << o.comm_sms
     << "\ngrad-transport=" << o.grad_transport << "\n";
   s << "benchmark=" << o.benchmark << "\nmode=" << o.bench_mode
-    << "\nkernel-trace=" << o.kernel_trace << "\n";
+    << "\nkernel-trace=" << o.kernel_trace << "\nfloors-at-cap=" << o.floors_at_cap << "\n";
   return s.str();
 }
 

@@ -69,7 +69,8 @@ struct Options {
   double peak_tflops = 0;     // 0: by device and precision
   // Benchmark mode
   bool benchmark = false;
-  std::string kernel_trace;  // --benchmark: PREFIX of the timed steps' kernel trace (GPU only)
+  std::string kernel_trace;    // --benchmark: PREFIX of the timed steps' kernel trace (GPU only)
+  bool floors_at_cap = false;  // --benchmark on a GPU: the step's parts held at the power cap
   std::string bench_mode = "train";
   std::string csv;
   // Testing hooks (hidden): make one rank die at a step, to test failure handling.

@@ -91,6 +91,13 @@ if ! nvidia-smi -L > /dev/null 2>&1; then  # --device auto lands on the CPU: ref
   expect nonzero "rank 1.*--kernel-trace records GPU kernels, and this run is on the CPU" \
     $mpirun -np 2 "$trainer" "${small[@]:2}" --device auto --benchmark --kernel-trace "$tmp/kt"
 fi
+expect 2 "--floors-at-cap measures --benchmark's step" "$trainer" "${small[@]}" "${data[@]}" --floors-at-cap
+expect 2 "--floors-at-cap reads the GPU's power: it needs --device cuda" "$trainer" "${small[@]}" \
+  --benchmark --floors-at-cap
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  expect nonzero "rank 1.*--floors-at-cap reads the GPU's power, and this run is on the CPU" \
+    $mpirun -np 2 "$trainer" "${small[@]:2}" --device auto --benchmark --floors-at-cap
+fi
 expect 2 "--bucket-mb must be a finite number >= 0" "$trainer" "${small[@]}" "${data[@]}" --bucket-mb -1
 expect 2 "--trace .*cannot write" "$trainer" "${small[@]}" "${data[@]}" --trace "$tmp/afile/t.json"
 expect 2 "--csv .*cannot write" "$trainer" "${small[@]}" --benchmark --csv "$tmp/afile/r.csv"

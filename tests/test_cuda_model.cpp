@@ -29,6 +29,7 @@
 #include "model/replica.h"
 #include "optim/adamw.h"
 #include "runtime/floors.h"
+#include "runtime/gpu_power.h"
 #include "tests/catch.h"
 #include "tests/forward_announcements.h"
 
@@ -342,6 +343,49 @@ TEST_CASE("benchmark floors record the step's products and measure their parts",
     CHECK(fwd_only.gemm_backward_calls == 0);
     CHECK(fwd_only.gemm_forward_calls == f.gemm_forward_calls);
   }
+}
+
+// --floors-at-cap: each part alone at the power limit, priced in joules (NVML's power reading);
+// some 20 s on a GPU. Without a power reader nothing is measured there.
+TEST_CASE("benchmark floors at the power cap price every part in joules", "[cuda][floors]") {
+  std::string why;
+  auto power = make_power_sampler(cuda_device_pci_bus_id(0), 20, &why);
+  if (!power) {
+    SUCCEED("NVML unavailable here: " + why);
+    return;
+  }
+  const ModelConfig c = tiny(10000, 64);
+  const int64_t flat = ParamLayout(c).total();
+  const std::vector<float> params = fresh_params(c, 5);
+  const Batch b = make_batch(2, 64, c.vocab, 9);
+  std::unique_ptr<Replica> r = make_cuda_replica(c, options(c, 2, Precision::kBf16, "flash"));
+  r->set_params(params.data());
+  const PhaseFloors plain = measure_floors(*r, c, b.mb(), flat, 4, true, true);
+  CHECK_FALSE(plain.at_cap);
+  CHECK(plain.gemm_forward_j == 0);
+  const PhaseFloors f = measure_floors(*r, c, b.mb(), flat, 4, true, true, power.get());
+  INFO(f.note);
+  REQUIRE(f.at_cap);
+  CHECK(f.limit_watts > 0);
+  CHECK(f.cap_window_s >= 1.0);  // longer than NVML's one-second average
+  CHECK(f.gemm_forward_j > 0);
+  CHECK(f.gemm_backward_j > 0);
+  CHECK(f.attention_forward_j > 0);
+  CHECK(f.attention_backward_j > 0);
+  // A copy moves a GB for some tenths of a joule on an H100 or H200 (HBM3 at 3-5 TB/s, a few
+  // hundred W): between a hundredth and ten.
+  CHECK(f.copy_j_per_gb > 0.01);
+  CHECK(f.copy_j_per_gb < 10);
+  CHECK(f.elementwise_forward_j() == f.elementwise_forward_bytes * 1e-9 * f.copy_j_per_gb);
+  CHECK(f.optimizer_j() == f.optimizer_bytes * 1e-9 * f.copy_j_per_gb);
+  const double parts = f.gemm_forward_j + f.attention_forward_j + f.elementwise_forward_j() +
+                       f.gemm_backward_j + f.attention_backward_j + f.elementwise_backward_j() +
+                       f.optimizer_j();
+  CHECK(std::abs(f.step_j(true, true) - parts) <= 1e-12 * parts);
+  CHECK(f.step_j(false, false) < f.step_j(true, false));
+  // The plain floors are those of the run without the cap.
+  CHECK(f.gemm_forward_calls == plain.gemm_forward_calls);
+  CHECK(f.optimizer_bytes == plain.optimizer_bytes);
 }
 
 TEST_CASE("CUDA replica: head dim 80 and an odd vocabulary", "[cuda][model]") {

@@ -78,4 +78,7 @@ TEST_CASE("the sampler reads the GPU's clock and power", "[power][gpu]") {
   const int64_t again = sampler->end().samples;
   CHECK(again >= 1);
   CHECK(again < s.samples);
+  // The reading now and the limit, as --floors-at-cap uses them.
+  CHECK(sampler->watts_now() > 0);
+  CHECK(sampler->limit_watts() == s.limit_watts);
 }
