@@ -24,22 +24,7 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                  \
-  do {                                                                         \
-    const cudaError_t err_ = (x);                                              \
-    if (err_ != cudaSuccess) {                                                 \
-      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
-#define CB(x)                                                             \
-  do {                                                                    \
-    const cublasStatus_t st_ = (x);                                       \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                   \
-      std::printf("%s:%d cuBLASLt status %d\n", __FILE__, __LINE__, st_); \
-      std::exit(1);                                                       \
-    }                                                                     \
-  } while (0)
+#include "tests/probe_check.h"
 
 namespace {
 
