@@ -23,7 +23,8 @@ const char* const kCsvHeader =
     "peak_mem_gib,grad_reduce,grad_transport,comm_sms,comm_total_ms,nccl_env,hosts,recompute,"
     "forward_floor_ms,backward_floor_ms,optimizer_floor_ms,gemm_forward_ms,gemm_backward_ms,"
     "copy_gb_s,cuda_graph,adam_state,optimizer_total_ms,overlap_update,update_sms,sm_clock_mhz,"
-    "power_w,power_capped";
+    "power_w,power_capped,step_j,cap_limit_w,cap_gemm_j,cap_attention_j,cap_elementwise_j,"
+    "cap_optimizer_j,cap_parts_j";
 
 // --kernel-trace: the files (one pair per rank when there are several) and, per timed step on
 // average, what the kernels did with the GPU's time.
@@ -222,10 +223,10 @@ void Run::benchmark(TrainResult& result) {
           opt_ms, lane_updates > 0 ? " (beside forward)" : "", floors.optimizer_ms,
           floors.optimizer_bytes / 1e9, opt_ms / floors.optimizer_ms);
   }
+  // The timed steps' energy: their median time at their median power (0 where not sampled).
+  const double step_j = pw.samples > 0 ? pw.watts_median * med * 1e-3 : 0.0;
+  const double parts_j = floors.at_cap ? floors.step_j(backward, step) : 0.0;
   if (floors.at_cap) {
-    // The timed steps' energy: their median time at their median power.
-    const double step_j = pw.samples > 0 ? pw.watts_median * med * 1e-3 : 0.0;
-    const double parts_j = floors.step_j(backward, step);
     const double limit = floors.limit_watts;
     spdlog::info(
         "at the power cap ({:.0f} W), joules per step, each part alone for {:.1f} s (the step's "
@@ -251,7 +252,8 @@ void Run::benchmark(TrainResult& result) {
     const std::string row = fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{:.4f},"
         "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{:.4f},{:.3f},{},{},{},{:.4f},{},"
-        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{},{},{:.4f},{},{},{:.0f},{:.1f},{:.3f}\n",
+        "{},{},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.1f},{},{},{:.4f},{},{},{:.0f},{:.1f},{:.3f},"
+        "{:.4f},{:.0f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f}\n",
         std::time(nullptr), o_.model, c.d_model, c.d_ff, c.n_layers, c.n_heads, c.vocab, c.ctx,
         o_.batch, o_.grad_accum, nranks_, device_ == DeviceKind::kCuda ? "cuda" : "cpu",
         precision_name(precision_), o_.attention, o_.ddp, o_.bucket_mb, o_.shard_optim ? 1 : 0,
@@ -260,8 +262,11 @@ void Run::benchmark(TrainResult& result) {
         o_.comm_sms, tc.mean, nccl_env_field(), host_count(places_), o_.recompute,
         floors.forward_ms(), floors.backward_ms(), floors.optimizer_ms, floors.gemm_forward_ms,
         floors.gemm_backward_ms, floors.copy_gb_s, o_.cuda_graph ? 1 : 0, o_.adam_state, lane_ms,
-        overlap_update_ ? 1 : 0, update_sms_, pw.sm_mhz_median, pw.watts_median,
-        pw.capped_fraction);
+        overlap_update_ ? 1 : 0, update_sms_, pw.sm_mhz_median, pw.watts_median, pw.capped_fraction,
+        step_j, floors.limit_watts, floors.gemm_forward_j + floors.gemm_backward_j,
+        floors.attention_forward_j + floors.attention_backward_j,
+        floors.elementwise_forward_j() + floors.elementwise_backward_j(),
+        step ? floors.optimizer_j() : 0.0, parts_j);
     append_csv_row(o_.csv, kCsvHeader, row);
   }
 }

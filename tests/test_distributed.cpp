@@ -840,17 +840,18 @@ TEST_CASE("--overlap-update benchmarks report the update's time beside forward",
   std::getline(in, header);
   std::getline(in, row);
   const std::string last_columns =
-      ",optimizer_total_ms,overlap_update,update_sms,sm_clock_mhz,power_w,power_capped";
+      ",optimizer_total_ms,overlap_update,update_sms,sm_clock_mhz,power_w,power_capped,step_j,"
+      "cap_limit_w,cap_gemm_j,cap_attention_j,cap_elementwise_j,cap_optimizer_j,cap_parts_j";
   CHECK(header.substr(header.size() - last_columns.size()) == last_columns);
-  // The overlap on, no SMs reserved; then the GPU's clock, power and capped share, sampled where
-  // NVML is found.
+  // The overlap on, no SMs reserved; then the GPU's clock, power, capped share and the steps'
+  // joules, sampled where NVML is found; no parts at the cap without --floors-at-cap.
   std::vector<std::string> fields;
   for (size_t a = 0, b; a <= row.size(); a = b + 1) {
     b = std::min(row.find(',', a), row.size());
     fields.push_back(row.substr(a, b - a));
   }
-  REQUIRE(fields.size() >= 5);
-  const auto tail = fields.end() - 5;
+  REQUIRE(fields.size() >= 12);
+  const auto tail = fields.end() - 12;
   CHECK(tail[0] == "1");
   CHECK(tail[1] == "0");
   std::string why;
@@ -858,7 +859,9 @@ TEST_CASE("--overlap-update benchmarks report the update's time beside forward",
     CHECK(std::stod(tail[2]) > 0);
     CHECK(std::stod(tail[3]) > 0);
     CHECK(std::stod(tail[4]) >= 0);
+    CHECK(std::stod(tail[5]) > 0);  // the steps' joules
   }
+  for (int i = 6; i < 12; ++i) CHECK(std::stod(tail[i]) == 0);
   fs::remove(csv);
   // Every update, warm-up steps' included, is a slice on its own track of the trace.
   std::ifstream t(trace);
