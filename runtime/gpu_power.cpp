@@ -33,6 +33,7 @@ struct Nvml {
   NvmlReturn (*power_usage)(NvmlDevice, unsigned*) = nullptr;        // milliwatts
   NvmlReturn (*power_limit)(NvmlDevice, unsigned*) = nullptr;        // milliwatts
   NvmlReturn (*reasons)(NvmlDevice, unsigned long long*) = nullptr;  // optional
+  NvmlReturn (*energy)(NvmlDevice, unsigned long long*) = nullptr;   // optional; millijoules
 
   std::string error(NvmlReturn r) const {
     return fmt::format("{} ({})", error_string ? error_string(r) : "error", r);
@@ -72,6 +73,11 @@ class NvmlSampler final : public PowerSampler {
   }
 
   double limit_watts() const override { return limit_watts_; }
+
+  double energy_joules() override {
+    unsigned long long mj = 0;
+    return api_.energy && api_.energy(device_, &mj) == kNvmlSuccess ? mj / 1000.0 : 0.0;
+  }
 
  private:
   // Samples at once, then every period until stopped: even a window shorter than the period
@@ -169,6 +175,7 @@ std::unique_ptr<PowerSampler> make_power_sampler(const std::string& pci_bus_id, 
   // The reasons' newer name first (drivers from 535), then the older one.
   if (!bind(lib, api.reasons, "nvmlDeviceGetCurrentClocksEventReasons"))
     bind(lib, api.reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
+  bind(lib, api.energy, "nvmlDeviceGetTotalEnergyConsumption");
   if (const NvmlReturn r = api.init(); r != kNvmlSuccess) {
     *why = "nvmlInit failed: " + api.error(r);
     return nullptr;

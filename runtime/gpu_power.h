@@ -42,6 +42,9 @@ class PowerSampler {
   virtual double watts_now() = 0;
   // The enforced power limit, W (0: unknown).
   virtual double limit_watts() const = 0;
+  // NVML's energy counter (joules since the driver loaded; 0 when unread). It moves in coarse
+  // steps: difference it over windows of a second or more.
+  virtual double energy_joules() = 0;
 };
 
 // NVML on the GPU with this PCI bus id (as cudaDeviceGetPCIBusId writes it), every `period_ms`.

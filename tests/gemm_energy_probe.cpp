@@ -20,58 +20,22 @@
 // heuristic ranks of the least-energy and the fastest algorithm of each product.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "core/device_buffer.h"
+#include "runtime/gpu_power.h"
 #include "tests/probe_check.h"
 
 namespace {
 
 // NVML's few entry points (stable ABI), bound at run time.
-struct NvmlDev;
-struct Nvml {
-  int (*init)() = nullptr;
-  int (*by_bus)(const char*, NvmlDev**) = nullptr;
-  int (*energy)(NvmlDev*, unsigned long long*) = nullptr;  // mJ since the driver loaded
-  int (*clock)(NvmlDev*, int, unsigned*) = nullptr;
-  int (*power)(NvmlDev*, unsigned*) = nullptr;  // mW
-  int (*limit)(NvmlDev*, unsigned*) = nullptr;  // mW
-  NvmlDev* dev = nullptr;
-
-  bool open() {
-    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-    if (!lib) return false;
-    init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
-    by_bus = reinterpret_cast<int (*)(const char*, NvmlDev**)>(
-        dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
-    energy = reinterpret_cast<int (*)(NvmlDev*, unsigned long long*)>(
-        dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
-    clock =
-        reinterpret_cast<int (*)(NvmlDev*, int, unsigned*)>(dlsym(lib, "nvmlDeviceGetClockInfo"));
-    power = reinterpret_cast<int (*)(NvmlDev*, unsigned*)>(dlsym(lib, "nvmlDeviceGetPowerUsage"));
-    limit = reinterpret_cast<int (*)(NvmlDev*, unsigned*)>(
-        dlsym(lib, "nvmlDeviceGetEnforcedPowerLimit"));
-    if (!init || !by_bus || !energy || !clock || !power || !limit || init() != 0) return false;
-    char bus[32];
-    CK(cudaDeviceGetPCIBusId(bus, sizeof bus, 0));
-    return by_bus(bus, &dev) == 0;
-  }
-  double joules() const {
-    unsigned long long mj = 0;
-    energy(dev, &mj);
-    return static_cast<double>(mj) * 1e-3;
-  }
-};
-
 // One product in the trainer's row-major convention (matmul.h): D[m,n] = alpha op(A) op(B) +
 // beta C, A/B bf16, C/D bf16 or fp32.
 struct Prob {
@@ -167,14 +131,13 @@ int main(int argc, char** argv) {
   int64_t d = 768, f = 3072, L = 12;
   if (model == "2.7B") d = 2560, f = 10240, L = 32;
   const int64_t V = 10000, Vp = 10000;
-  Nvml nv;
-  if (!nv.open()) {
-    std::printf("NVML unavailable\n");
+  std::string why;
+  const auto nv = trainer::make_power_sampler(trainer::cuda_device_pci_bus_id(0), 5, &why);
+  if (!nv) {
+    std::printf("NVML unavailable: %s\n", why.c_str());
     return 1;
   }
-  unsigned limit_mw = 0;
-  nv.limit(nv.dev, &limit_mw);
-  const double limit_w = limit_mw * 1e-3;
+  const double limit_w = nv->limit_watts();
 
   const float scale = 1.0f / static_cast<float>(n);
   // name, per step, ta, tb, m, n, k, lda, ldb, ldd, C separate, D fp32, alpha, beta
@@ -242,36 +205,26 @@ int main(int argc, char** argv) {
     CB(cublasLtMatmul(h, pl.op, &p.alpha, B, pl.a, A, pl.b, &p.beta, p.c_separate ? C : D, pl.c, D,
                       pl.d, &pl.algos[ai].algo, ws, ws_bytes, s));
   };
-  // One window: `count` products back to back, energy from the counter, clock and power sampled.
+  // One window: `count` products back to back, the clock sampled every 5 ms meanwhile, the energy
+  // counter around it.
   auto measure = [&](size_t pi, size_t ai, int count) {
     Result r;
-    std::vector<unsigned> mhz, mw;
     CK(cudaStreamSynchronize(s));
-    const double j0 = nv.joules();
+    const double j0 = nv->energy_joules();
+    nv->begin();
     CK(cudaEventRecord(e0, s));
     for (int i = 0; i < count; ++i) run(pi, ai);
     CK(cudaEventRecord(e1, s));
-    while (cudaEventQuery(e1) == cudaErrorNotReady) {
-      unsigned c = 0, w = 0;
-      if (nv.clock(nv.dev, 1, &c) == 0) mhz.push_back(c);
-      if (nv.power(nv.dev, &w) == 0) mw.push_back(w);
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
     CK(cudaEventSynchronize(e1));
-    const double j1 = nv.joules();
+    // NVML's power reading is the average of the last second: right after a window longer than
+    // that, this product's power alone.
+    r.watts = nv->watts_now();
+    r.mhz = nv->end().sm_mhz_median;
+    const double j1 = nv->energy_joules();
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, e0, e1));
     r.us = 1e3 * ms / count;
     r.mj_counter = 1e3 * (j1 - j0) / count;
-    auto med = [](std::vector<unsigned> v) {
-      if (v.empty()) return 0.0;
-      std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-      return static_cast<double>(v[v.size() / 2]);
-    };
-    r.mhz = med(mhz);
-    // NVML's power reading is the average of the last second: the window's last sample, when
-    // the window is longer than that, is this product's power alone.
-    r.watts = mw.empty() ? 0.0 : mw.back() * 1e-3;
     r.mj = r.watts * r.us * 1e-3;
     return r;
   };

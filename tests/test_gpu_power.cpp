@@ -81,4 +81,8 @@ TEST_CASE("the sampler reads the GPU's clock and power", "[power][gpu]") {
   // The reading now and the limit, as --floors-at-cap uses them.
   CHECK(sampler->watts_now() > 0);
   CHECK(sampler->limit_watts() == s.limit_watts);
+  // The energy counter only grows (gemm_energy_probe reads it as a cross-check).
+  const double joules = sampler->energy_joules();
+  CHECK(joules >= 0);
+  CHECK(sampler->energy_joules() >= joules);
 }
