@@ -7,6 +7,7 @@
 
 #include "core/bf16.h"
 #include "core/error.h"
+#include "core/mix64.h"
 
 namespace trainer {
 
@@ -39,12 +40,6 @@ namespace {
 constexpr size_t kChunk = size_t(1) << 20;
 constexpr uint64_t kP1 = 0x9e3779b185ebca87ULL;
 constexpr uint64_t kP2 = 0xc2b2ae3d27d4eb4fULL;
-
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // acc' = rotl(acc + w * P2, 31) * P1 is a bijection of w for a fixed acc and of acc for a fixed
 // w, so changing any one word changes its lane's final value, and the mix chain below keeps that.
