@@ -12,14 +12,12 @@
 #ifdef TRAINER_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cmath>
-
 #include "core/bf16.h"
 #include "core/cuda_check.h"
 #include "core/mix64.h"
 #include "model/cuda/flash_attention.h"
 #include "model/cuda/matmul.h"
+#include "runtime/gpu_energy.h"
 #endif
 
 namespace trainer {
@@ -41,24 +39,6 @@ PhaseFloors measure_floors(Replica&, const ModelConfig&, const MicroBatch&, int6
 #else
 
 namespace {
-
-// Mean ms of `reps` calls of `run` on `s` after `warm` untimed ones.
-template <class F>
-double time_ms(cudaStream_t s, int warm, int reps, F&& run) {
-  for (int i = 0; i < warm; ++i) run();
-  cudaEvent_t a = nullptr, b = nullptr;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  CUDA_CHECK(cudaEventRecord(a, s));
-  for (int i = 0; i < reps; ++i) run();
-  CUDA_CHECK(cudaEventRecord(b, s));
-  CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms / reps;
-}
 
 // Stops recording products when it goes out of scope (an exception included).
 struct Recording {
@@ -142,16 +122,6 @@ struct AttentionTest {
 constexpr double kCapWindowMs = 1200;
 constexpr double kCapWarmMs = 2500;
 
-// Joules per call of `run`, back to back for `window_ms` on `s`: NVML's power reading right after
-// (its average over the last second: this work's alone) times the time per call.
-template <class F>
-double joules_per_call(cudaStream_t s, PowerSampler& power, double window_ms, F&& run) {
-  const double probe_ms = std::max(time_ms(s, 1, 3, run), 1e-3);
-  const int calls = static_cast<int>(std::clamp(std::ceil(window_ms / probe_ms), 3.0, 1e6));
-  const double ms = time_ms(s, 0, calls, run);
-  return power.watts_now() * ms * 1e-3;
-}
-
 // The parts of the step at the power cap (floors.h): fills f's joules. The GEMMs replay the
 // recorded products on the replica's buffers.
 void measure_at_cap(PhaseFloors& f, PowerSampler& power, const std::vector<cuda::Gemm>& fwd,
@@ -165,17 +135,17 @@ void measure_at_cap(PhaseFloors& f, PowerSampler& power, const std::vector<cuda:
       if (!heavy || g.m * g.n * g.k * g.batch > heavy->m * heavy->n * heavy->k * heavy->batch)
         heavy = &g;
   if (!heavy) return;
-  joules_per_call(s, power, kCapWarmMs, [&] { mm.run(*heavy, s); });
+  energy_per_call(s, power, kCapWarmMs, [&] { mm.run(*heavy, s); });
   std::map<std::string, double> per_call;
   auto gemm_j = [&](const cuda::Gemm& g) {
-    return joules_per_call(s, power, kCapWindowMs, [&] { mm.run(g, s); });
+    return energy_per_call(s, power, kCapWindowMs, [&] { mm.run(g, s); }).joules();
   };
   f.gemm_forward_j = per_problem_sum(fwd, per_call, gemm_j);
   f.gemm_backward_j = per_problem_sum(bwd, per_call, gemm_j);
   try {
     const CopyTest copy;
     f.copy_j_per_gb =
-        joules_per_call(s, power, kCapWindowMs, [&] { copy.run(s); }) / CopyTest::kMovedGb;
+        energy_per_call(s, power, kCapWindowMs, [&] { copy.run(s); }).joules() / CopyTest::kMovedGb;
   } catch (const UsageError&) {
     missing.push_back("no room for the copy at the cap: its bytes left out there");
   }
@@ -185,10 +155,11 @@ void measure_at_cap(PhaseFloors& f, PowerSampler& power, const std::vector<cuda:
                             static_cast<int>(c.n_heads), static_cast<int>(c.head_dim()),
                             /*random=*/true);
       const double L = static_cast<double>(c.n_layers);
-      f.attention_forward_j = L * joules_per_call(s, power, kCapWindowMs, [&] { a.forward(s); });
+      f.attention_forward_j =
+          L * energy_per_call(s, power, kCapWindowMs, [&] { a.forward(s); }).joules();
       if (backward)
         f.attention_backward_j =
-            L * joules_per_call(s, power, kCapWindowMs, [&] { a.backward(s); });
+            L * energy_per_call(s, power, kCapWindowMs, [&] { a.backward(s); }).joules();
     } catch (const UsageError&) {
       missing.push_back("no room for attention at the cap: left out there");
     }

@@ -21,18 +21,18 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/mix64.h"
 #include "model/cuda/swiglu.cuh"
 #include "optim/cuda/adamw.cuh"
+#include "runtime/gpu_energy.h"
 #include "runtime/gpu_power.h"
 #include "tests/probe_check.h"
 
@@ -60,21 +60,6 @@ __global__ void copy_kernel(const float4* __restrict__ src, float4* __restrict__
     for (int u = 0; u < kUnroll; ++u) dst[i + u * stride] = r[u];
   }
   for (; i < n4; i += stride) dst[i] = src[i];
-}
-
-double time_ms(cudaStream_t s, int calls, const std::function<void()>& run) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaEventRecord(a, s));
-  for (int i = 0; i < calls; ++i) run();
-  CK(cudaEventRecord(b, s));
-  CK(cudaEventSynchronize(b));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return ms;
 }
 
 template <class T>
@@ -203,17 +188,13 @@ int main(int argc, char** argv) {
   std::printf("%-28s %9s %9s %8s %9s %8s %9s\n", "case", "ms/call", "GB/s", "W", "SM MHz", "capped",
               "J/GB");
   for (const Case& c : cases) {
-    const double probe = std::max(time_ms(s, 3, c.run) / 3, 1e-3);
-    const int warm_calls = static_cast<int>(std::ceil(1000.0 / probe));
-    time_ms(s, warm_calls, c.run);
-    const int calls = static_cast<int>(std::ceil(window_ms / probe));
+    trainer::energy_per_call(s, *power, 1000.0, c.run);  // settles NVML's one-second average
     power->begin();
-    const double ms = time_ms(s, calls, c.run) / calls;
-    const double watts = power->watts_now();
+    const trainer::CallEnergy e = trainer::energy_per_call(s, *power, window_ms, c.run);
     const trainer::PowerSummary sum = power->end();
-    std::printf("%-28s %9.4f %9.1f %8.1f %9.0f %7.0f%% %9.4f\n", c.name.c_str(), ms,
-                c.gb / (ms * 1e-3), watts, sum.sm_mhz_median, 100 * sum.capped_fraction,
-                watts * ms * 1e-3 / c.gb);
+    std::printf("%-28s %9.4f %9.1f %8.1f %9.0f %7.0f%% %9.4f\n", c.name.c_str(), e.ms,
+                c.gb / (e.ms * 1e-3), e.watts, sum.sm_mhz_median, 100 * sum.capped_fraction,
+                e.joules() / c.gb);
   }
   return 0;
 }
