@@ -65,7 +65,10 @@ int Options::wgrad_sms_for(bool cuda) const {
 
 int Options::update_sms_for(bool update_beside_forward, int64_t parameters) const {
   const std::optional<int> n = parse_update_sms(update_sms);
-  if (!n) return update_beside_forward && parameters >= 1'500'000'000 ? 24 : 0;
+  if (!n) {  // docs/performance.md#forwards-gemms-on-fewer-sms---update-sms
+    if (!update_beside_forward) return 0;
+    return parameters >= 3'000'000'000 ? 32 : parameters >= 1'500'000'000 ? 24 : 0;
+  }
   if (*n > 0 && !update_beside_forward)
     usage_error(
         "--update-sms {} needs the update beside forward, which this run does not use (one GPU, "
@@ -167,8 +170,8 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--update-sms", o.update_sms,
                  "auto | N: with the update beside forward, forward's GEMMs are planned for N SMs "
                  "fewer than the GPU has while the update runs, leaving those SMs to it (0 = "
-                 "every SM to the GEMMs; auto: 24 for models of 1.5 B parameters or more, else "
-                 "0)");
+                 "every SM to the GEMMs; auto: 24 for models of 1.5 B parameters or more, 32 "
+                 "from 3 B, else 0)");
   app.add_option("--wgrad-stream", o.wgrad_stream,
                  "auto | off | N: backward's weight-gradient GEMMs on a second stream beside the "
                  "chain of input gradients, planned for N SMs fewer than the GPU has, which that "

@@ -216,10 +216,15 @@ void check_sm_reservation(const std::vector<std::string>& reference,
 }  // namespace
 
 // --update-sms auto leaves SMs to the update only for models whose update stays exposed after
-// forward (1.5 B parameters and more); a number is taken as given, and refused beside no update.
+// forward (1.5 B parameters and more; 32 SMs from 3 B, where it stays exposed longest); a number
+// is taken as given, and refused beside no update.
 TEST_CASE("--update-sms: auto by model size, numbers as given") {
-  const int64_t xl = 1'998'000'000, large = 774'000'000;
+  const int64_t b27 = 3'407'000'000, xl = 1'998'000'000, large = 774'000'000;
   CHECK(make_options({}).update_sms == "auto");
+  CHECK(make_options({}).update_sms_for(true, b27) == 32);
+  CHECK(make_options({}).update_sms_for(true, 3'000'000'000) == 32);
+  CHECK(make_options({}).update_sms_for(true, 2'999'999'999) == 24);
+  CHECK(make_options({}).update_sms_for(false, b27) == 0);
   CHECK(make_options({}).update_sms_for(true, xl) == 24);
   CHECK(make_options({}).update_sms_for(true, 1'500'000'000) == 24);
   CHECK(make_options({}).update_sms_for(true, large) == 0);
