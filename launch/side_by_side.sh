@@ -6,7 +6,7 @@
 #
 # CELL is model:batch:ctx:torch_mode[:trainer flags], torch_mode one of launch/torch_step_bench.py's
 # (eager, compile, reduce-overhead). Without cells: the issue's three, plus 2.7B with
-# --update-sms 0 (every SM to forward's GEMMs; the default, auto, leaves 24 to the update there).
+# --update-sms 0 (every SM to forward's GEMMs; the default, auto, leaves 32 to the update there).
 # Order: ours on every cell, PyTorch once per distinct (model, batch, ctx, mode), ours again, so
 # that drift shows as a spread between ours' two runs. Then launch/side_by_side.py OUT_DIR prints
 # the table.
