@@ -1,5 +1,5 @@
-// Error checks for the developer probes (overlap_probe, gemm_energy_probe): they stand alone,
-// outside the trainer's error handling, so a failed call prints where and exits.
+// Error checks for the developer probes (overlap_probe, gemm_energy_probe, memory_energy_probe):
+// they stand alone, outside the trainer's error handling, so a failed call prints where and exits.
 #pragma once
 
 #include <cublasLt.h>
