@@ -60,8 +60,13 @@ sampler=
 stamp() { date '+%Y/%m/%d %H:%M:%S.%3N'; }
 if [[ ${GPU_SAMPLES:-1} != 0 && $device == cuda ]] && command -v nvidia-smi > /dev/null; then
   visible=${CUDA_VISIBLE_DEVICES:-0}
+  # The board's power now where nvidia-smi knows the field; power.draw, its one-second average on
+  # recent drivers, trails the load through a 20-step window.
+  power=power.draw
+  nvidia-smi --query-gpu=power.draw.instant --format=csv,noheader > /dev/null 2>&1 &&
+    power=power.draw.instant
   nvidia-smi -i "${visible%%,*}" --format=csv,noheader,nounits -lms 50 \
-    --query-gpu=timestamp,utilization.gpu,clocks.sm,power.draw,temperature.gpu \
+    --query-gpu=timestamp,utilization.gpu,clocks.sm,$power,temperature.gpu \
     > "$out/gpu_samples.csv" 2> /dev/null &
   sampler=$!
   trap '[[ -n $sampler ]] && kill "$sampler" 2> /dev/null' EXIT

@@ -194,8 +194,9 @@ void Run::benchmark(TrainResult& result) {
   spdlog::info("  wall      {:8.3f} ms per step, median (rank 0's host clock, launch to launch)",
                median(wall));
   if (pw.samples > 0)
-    spdlog::info("  GPU       {} (rank 0's GPU over the timed steps, NVML every {} ms)",
-                 describe_power(pw), kPowerPeriodMs);
+    spdlog::info("  GPU       {} (rank 0's GPU over the timed steps, NVML every {} ms, {})",
+                 describe_power(pw), kPowerPeriodMs,
+                 pw.instant_watts ? "instantaneous power" : "power averaged over a second");
   if (floors.measured) {
     spdlog::info(
         "floors on this GPU (copy {:.0f} GB/s; flash attention at T 4096: forward {:.0f}, backward "

@@ -23,6 +23,58 @@ using NvmlDevice = NvmlDeviceSt*;
 constexpr NvmlReturn kNvmlSuccess = 0;
 constexpr int kNvmlClockSm = 1;                        // NVML_CLOCK_SM
 constexpr unsigned long long kReasonSwPowerCap = 0x4;  // nvmlClocksEventReasonSwPowerCap
+constexpr unsigned kFieldPowerInstant = 186;           // NVML_FI_DEV_POWER_INSTANT, milliwatts
+
+// nvmlFieldValue_t: one field of nvmlDeviceGetFieldValues, its value a union read by value_type.
+struct NvmlFieldValue {
+  unsigned field_id = 0;
+  unsigned scope_id = 0;
+  long long timestamp = 0;
+  long long latency_us = 0;
+  int value_type = 0;  // nvmlValueType_t
+  NvmlReturn nvml_return = 0;
+  union {
+    double d;
+    int si;
+    unsigned ui;
+    unsigned long ul;
+    unsigned long long ull;
+    long long sll;
+    unsigned short us;
+  } value{};
+};
+static_assert(sizeof(NvmlFieldValue) == 40, "nvmlFieldValue_t's layout");
+
+// The field's value as a double, by its nvmlValueType_t (NVML_VALUE_TYPE_DOUBLE = 0, UNSIGNED_INT,
+// UNSIGNED_LONG, UNSIGNED_LONG_LONG, SIGNED_LONG_LONG, SIGNED_INT, UNSIGNED_SHORT = 6); false for
+// a type this code does not know.
+bool field_as_double(const NvmlFieldValue& f, double* out) {
+  switch (f.value_type) {
+    case 0:
+      *out = f.value.d;
+      return true;
+    case 1:
+      *out = f.value.ui;
+      return true;
+    case 2:
+      *out = static_cast<double>(f.value.ul);
+      return true;
+    case 3:
+      *out = static_cast<double>(f.value.ull);
+      return true;
+    case 4:
+      *out = static_cast<double>(f.value.sll);
+      return true;
+    case 5:
+      *out = f.value.si;
+      return true;
+    case 6:
+      *out = f.value.us;
+      return true;
+    default:
+      return false;
+  }
+}
 
 struct Nvml {
   NvmlReturn (*init)() = nullptr;
@@ -30,13 +82,27 @@ struct Nvml {
   const char* (*error_string)(NvmlReturn) = nullptr;
   NvmlReturn (*by_pci_bus_id)(const char*, NvmlDevice*) = nullptr;
   NvmlReturn (*clock_info)(NvmlDevice, int, unsigned*) = nullptr;
-  NvmlReturn (*power_usage)(NvmlDevice, unsigned*) = nullptr;        // milliwatts
-  NvmlReturn (*power_limit)(NvmlDevice, unsigned*) = nullptr;        // milliwatts
-  NvmlReturn (*reasons)(NvmlDevice, unsigned long long*) = nullptr;  // optional
-  NvmlReturn (*energy)(NvmlDevice, unsigned long long*) = nullptr;   // optional; millijoules
+  NvmlReturn (*power_usage)(NvmlDevice, unsigned*) = nullptr;              // milliwatts
+  NvmlReturn (*power_limit)(NvmlDevice, unsigned*) = nullptr;              // milliwatts
+  NvmlReturn (*reasons)(NvmlDevice, unsigned long long*) = nullptr;        // optional
+  NvmlReturn (*energy)(NvmlDevice, unsigned long long*) = nullptr;         // optional; millijoules
+  NvmlReturn (*field_values)(NvmlDevice, int, NvmlFieldValue*) = nullptr;  // optional
 
   std::string error(NvmlReturn r) const {
     return fmt::format("{} ({})", error_string ? error_string(r) : "error", r);
+  }
+
+  // The board's power right now (NVML_FI_DEV_POWER_INSTANT), W; false where the driver does not
+  // offer it.
+  bool instant_watts(NvmlDevice device, double* watts) const {
+    NvmlFieldValue f;
+    f.field_id = kFieldPowerInstant;
+    double mw = 0;
+    if (!field_values || field_values(device, 1, &f) != kNvmlSuccess ||
+        f.nvml_return != kNvmlSuccess || !field_as_double(f, &mw) || mw <= 0)
+      return false;
+    *watts = mw / 1000.0;
+    return true;
   }
 };
 
@@ -48,8 +114,12 @@ bool bind(void* lib, F& f, const char* name) {
 
 class NvmlSampler final : public PowerSampler {
  public:
-  NvmlSampler(Nvml api, NvmlDevice device, int period_ms, double limit_watts)
-      : api_(api), device_(device), period_(period_ms), limit_watts_(limit_watts) {}
+  NvmlSampler(Nvml api, NvmlDevice device, int period_ms, double limit_watts, bool instant)
+      : api_(api),
+        device_(device),
+        period_(period_ms),
+        limit_watts_(limit_watts),
+        instant_(instant) {}
   ~NvmlSampler() override {
     stop();
     api_.shutdown();
@@ -64,7 +134,9 @@ class NvmlSampler final : public PowerSampler {
 
   PowerSummary end() override {
     stop();
-    return summarize_power(samples_, limit_watts_);
+    PowerSummary s = summarize_power(samples_, limit_watts_);
+    s.instant_watts = instant_;
+    return s;
   }
 
   double watts_now() override {
@@ -87,12 +159,10 @@ class NvmlSampler final : public PowerSampler {
     std::unique_lock<std::mutex> lock(mutex_);
     do {
       PowerSample s;
-      unsigned mhz = 0, mw = 0;
+      unsigned mhz = 0;
       unsigned long long why = 0;
-      if (api_.clock_info(device_, kNvmlClockSm, &mhz) == kNvmlSuccess &&
-          api_.power_usage(device_, &mw) == kNvmlSuccess) {
+      if (api_.clock_info(device_, kNvmlClockSm, &mhz) == kNvmlSuccess && read_watts(&s.watts)) {
         s.sm_mhz = mhz;
-        s.watts = mw / 1000.0;
         s.power_capped = api_.reasons && api_.reasons(device_, &why) == kNvmlSuccess &&
                          (why & kReasonSwPowerCap) != 0;
         samples_.push_back(s);
@@ -100,6 +170,16 @@ class NvmlSampler final : public PowerSampler {
       next += period_;
       wake_.wait_until(lock, next, [this] { return stopping_; });
     } while (!stopping_);
+  }
+
+  // The instantaneous reading where the driver has it (a one-second average would trail the load
+  // through a short window's steps), else NVML's power usage (that average).
+  bool read_watts(double* watts) const {
+    if (instant_ && api_.instant_watts(device_, watts)) return true;
+    unsigned mw = 0;
+    if (api_.power_usage(device_, &mw) != kNvmlSuccess) return false;
+    *watts = mw / 1000.0;
+    return true;
   }
 
   void stop() {
@@ -115,6 +195,7 @@ class NvmlSampler final : public PowerSampler {
   NvmlDevice device_;
   std::chrono::milliseconds period_;
   double limit_watts_;
+  bool instant_;                      // the samples read NVML_FI_DEV_POWER_INSTANT
   std::vector<PowerSample> samples_;  // the thread's until it is joined
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -176,6 +257,7 @@ std::unique_ptr<PowerSampler> make_power_sampler(const std::string& pci_bus_id, 
   if (!bind(lib, api.reasons, "nvmlDeviceGetCurrentClocksEventReasons"))
     bind(lib, api.reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");
   bind(lib, api.energy, "nvmlDeviceGetTotalEnergyConsumption");
+  bind(lib, api.field_values, "nvmlDeviceGetFieldValues");
   if (const NvmlReturn r = api.init(); r != kNvmlSuccess) {
     *why = "nvmlInit failed: " + api.error(r);
     return nullptr;
@@ -188,7 +270,9 @@ std::unique_ptr<PowerSampler> make_power_sampler(const std::string& pci_bus_id, 
   }
   unsigned limit_mw = 0;
   if (api.power_limit(device, &limit_mw) != kNvmlSuccess) limit_mw = 0;
-  return std::make_unique<NvmlSampler>(api, device, period_ms, limit_mw / 1000.0);
+  double probe = 0;
+  const bool instant = api.instant_watts(device, &probe);
+  return std::make_unique<NvmlSampler>(api, device, period_ms, limit_mw / 1000.0, instant);
 }
 
 }  // namespace trainer

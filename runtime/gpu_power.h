@@ -16,7 +16,7 @@ namespace trainer {
 
 struct PowerSample {
   double sm_mhz = 0;
-  double watts = 0;           // board power as NVML reports it (an average over its own window)
+  double watts = 0;           // board power: NVML's instantaneous reading, or its 1 s average
   bool power_capped = false;  // the software power cap is lowering the clocks
 };
 
@@ -26,6 +26,10 @@ struct PowerSummary {
   double watts_median = 0;
   double limit_watts = 0;      // the enforced power limit (0: unknown)
   double capped_fraction = 0;  // of the samples, those with the power cap lowering the clocks
+  // Whether the watts are NVML's instantaneous readings (NVML_FI_DEV_POWER_INSTANT) or, where the
+  // driver does not offer them, its power usage: an average over about the last second, which
+  // trails the load through a window of a few tenths of a second.
+  bool instant_watts = false;
 };
 
 // Medians over the samples (0 samples: an empty summary with the limit).

@@ -67,6 +67,7 @@ TEST_CASE("the sampler reads the GPU's clock and power", "[power][gpu]") {
   for (int r = 0; r < 200; ++r)
     for (double& v : busy) sum += v *= 1.0000001;
   const PowerSummary s = sampler->end();
+  INFO("instantaneous power readings: " << s.instant_watts);
   CHECK(sum > 0);
   CHECK(s.samples > 0);
   CHECK(s.sm_mhz_min > 0);
