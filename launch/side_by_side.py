@@ -11,7 +11,9 @@ best time over ours' (above 1: ours is faster), from ours' slowest run to its fa
 steps each side timed. With OUT_DIR/runs.txt and OUT_DIR/gpu_samples.csv (nvidia-smi samples,
 written by side_by_side.sh), a second table gives each run's median SM clock and power over the
 samples where the GPU was busy (utilization >= 50%): at a power cap, the clock shows what each
-side's step costs in energy.
+side's step costs in energy. The power column names its nvidia-smi field where
+OUT_DIR/gpu_samples.power gives it: the instantaneous draw, or power.draw (on recent drivers an
+average over a second, which trails the load through a short window).
 """
 import csv
 import glob
@@ -88,7 +90,12 @@ def gpu_table(out):
             rows.append((label, busy))
     if not any(busy for _, busy in rows):
         return
-    print("\n| run | busy samples | SM clock MHz | power W | temperature °C |")
+    # The power's nvidia-smi field, where side_by_side.sh wrote it down.
+    field_path = os.path.join(out, "gpu_samples.power")
+    field = open(field_path).read().strip() if os.path.exists(field_path) else ""
+    power = {"power.draw.instant": "power W (instantaneous)",
+             "power.draw": "power W (power.draw)"}.get(field, "power W")
+    print(f"\n| run | busy samples | SM clock MHz | {power} | temperature °C |")
     print("|---|---|---|---|---|")
     for label, busy in rows:
         if not busy:

@@ -14,7 +14,9 @@
 # Env: DEVICE (cuda), WARMUP (5), STEPS (20, ours), TORCH_WARMUP (5), TORCH_STEPS (15, as
 # ANCHORS.md measured PyTorch), PASSES (2; 1 runs ours only before PyTorch, when device time is
 # short), GPU_SAMPLES (1: with nvidia-smi on the cuda device, every run's SM clock and power are
-# sampled every 50 ms, and the table's second part gives their medians while the GPU is busy).
+# sampled every 50 ms, and the table's second part gives their medians while the GPU is busy; the
+# power is the board's instantaneous draw where nvidia-smi has power.draw.instant, else
+# power.draw, on recent drivers an average over a second).
 # An H100 or H200 reaches its 700 W cap within a second of load and then lowers its clocks, so
 # the default windows (about 0.5 s of small's steps) see the cap's onset; STEPS=300
 # TORCH_STEPS=300 measure both sides held at the cap, as a long training run is.
@@ -22,7 +24,8 @@
 # a run of ours failed (its last lines are in the log), 2 for a bad argument.
 # Files: OUT_DIR/ours_<label>.csv (one per set of trainer flags, the label made of them; "default"
 # for none) with the flags in OUT_DIR/ours_<label>.flags, OUT_DIR/torch.csv, OUT_DIR/log.txt,
-# OUT_DIR/runs.txt (each run's label, start and end) and OUT_DIR/gpu_samples.csv.
+# OUT_DIR/runs.txt (each run's label, start and end), OUT_DIR/gpu_samples.csv and
+# OUT_DIR/gpu_samples.power (the nvidia-smi field of the samples' power).
 set -uo pipefail
 usage="usage: side_by_side.sh BUILD_DIR OUT_DIR [model:batch:ctx:torch_mode[:flags]...]"
 build=${1:?$usage}
@@ -65,6 +68,7 @@ if [[ ${GPU_SAMPLES:-1} != 0 && $device == cuda ]] && command -v nvidia-smi > /d
   power=power.draw
   nvidia-smi --query-gpu=power.draw.instant --format=csv,noheader > /dev/null 2>&1 &&
     power=power.draw.instant
+  echo "$power" > "$out/gpu_samples.power"  # which one the table's power column is
   nvidia-smi -i "${visible%%,*}" --format=csv,noheader,nounits -lms 50 \
     --query-gpu=timestamp,utilization.gpu,clocks.sm,$power,temperature.gpu \
     > "$out/gpu_samples.csv" 2> /dev/null &

@@ -64,6 +64,12 @@ grep -qxF '| ours tiny 2×32 | 3 | 1560 | 692 | 50–52 |' <<<"$table" && ok "cl
   fail "clock table: $table"
 grep -qxF '| torch tiny 2×32 compile | 0 | — | — | — |' <<<"$table" && ok "clock table: idle run" ||
   fail "clock table (idle run): $table"
+grep -qxF '| run | busy samples | SM clock MHz | power W | temperature °C |' <<<"$table" &&
+  ok "clock table: power column unnamed without gpu_samples.power" || fail "power column: $table"
+echo power.draw.instant > "$tmp/b/gpu_samples.power"
+table=$(python3 "$root/launch/side_by_side.py" "$tmp/b")
+grep -qxF '| run | busy samples | SM clock MHz | power W (instantaneous) | temperature °C |' \
+  <<<"$table" && ok "clock table: the instantaneous power named" || fail "power column: $table"
 
 # 3. Errors: a bad cell (exit 2, nothing run), a failing run (exit 1), no rows (exit non-zero).
 out=$(sbs "$tmp/c" "tiny:2:32:fast" 2>&1)
