@@ -5,16 +5,16 @@
 #include <map>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/device_buffer.h"
 #include "core/error.h"
+#include "core/mix64.h"
 #include "runtime/gpu_power.h"
 
 #ifdef TRAINER_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "core/bf16.h"
 #include "core/cuda_check.h"
-#include "core/mix64.h"
 #include "model/cuda/flash_attention.h"
 #include "model/cuda/matmul.h"
 #include "runtime/gpu_energy.h"
@@ -25,6 +25,15 @@ namespace trainer {
 double attention_flops(int64_t B, int64_t T, int64_t H, int64_t dh, bool backward) {
   const double per = static_cast<double>(B) * H * static_cast<double>(T) * T * dh;
   return (backward ? 5.0 : 2.0) * per;
+}
+
+std::vector<uint16_t> random_bf16_bits(size_t count, uint64_t seed) {
+  std::vector<uint16_t> bits(count);
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t z = mix64(seed * kGolden + i);
+    bits[i] = f32_to_bf16_bits(static_cast<float>(z >> 40) * 0x1p-23f - 1.0f);
+  }
+  return bits;
 }
 
 #ifndef TRAINER_WITH_CUDA
@@ -61,13 +70,8 @@ double per_problem_sum(const std::vector<cuda::Gemm>& gemms,
   return total;
 }
 
-// bf16 values uniform in (-1, 1), the same for a seed.
 void fill_random_bf16(const DeviceBuffer& b, uint64_t seed) {
-  std::vector<uint16_t> host(static_cast<size_t>(b.count()));
-  for (size_t i = 0; i < host.size(); ++i) {
-    const uint64_t z = mix64(seed * kGolden + i);
-    host[i] = f32_to_bf16_bits(static_cast<float>(z >> 40) * 0x1p-23f - 1.0f);
-  }
+  const std::vector<uint16_t> host = random_bf16_bits(static_cast<size_t>(b.count()), seed);
   CUDA_CHECK(cudaMemcpy(b.view().data, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
 }
 

@@ -21,8 +21,10 @@
 // step this GPU allows at that limit with these kernels.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/config.h"
 #include "model/replica.h"
@@ -68,6 +70,10 @@ struct PhaseFloors {
     return gemm_backward_ms + attention_backward_ms + elementwise_backward_ms;
   }
 };
+
+// `count` bf16 values (their bits) uniform in (-1, 1), the same for a seed: the operands of the
+// floors' timed GEMMs and of the energy probes (a GEMM's power depends on how many bits toggle).
+std::vector<uint16_t> random_bf16_bits(size_t count, uint64_t seed);
 
 // Causal attention FLOPs of one layer, as the flash kernels compute them: forward 2 B H T^2 dh
 // (QK^T and PV, half of each masked), backward 5 B H T^2 dh (S recomputed, dV, dP, dQ, dK).

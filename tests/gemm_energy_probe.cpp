@@ -25,11 +25,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/device_buffer.h"
+#include "runtime/floors.h"
 #include "runtime/gpu_power.h"
 #include "tests/probe_check.h"
 
@@ -177,17 +177,10 @@ int main(int argc, char** argv) {
   // Random bf16 in (-1, 1): a tensor core's power depends on how many bits toggle, and constant
   // operands (a memset) draw little more than half of what real activations do.
   {
-    std::vector<uint16_t> host(std::max(amax, bmax) / 2);
-    uint64_t x = 0x9e3779b97f4a7c15ull;
-    for (uint16_t& v : host) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      const float r = static_cast<float>(x >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f;
-      uint32_t bits = 0;
-      std::memcpy(&bits, &r, 4);
-      v = static_cast<uint16_t>(bits >> 16);
-    }
-    CK(cudaMemcpy(A, host.data(), amax, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(B, host.data(), bmax, cudaMemcpyHostToDevice));
+    const std::vector<uint16_t> a = trainer::random_bf16_bits(amax / 2, 1);
+    const std::vector<uint16_t> b = trainer::random_bf16_bits(bmax / 2, 2);
+    CK(cudaMemcpy(A, a.data(), amax, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(B, b.data(), bmax, cudaMemcpyHostToDevice));
   }
   CK(cudaMemset(C, 0, dmax));
   cudaStream_t s{};
