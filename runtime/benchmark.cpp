@@ -225,7 +225,7 @@ void Run::benchmark(TrainResult& result) {
           floors.optimizer_bytes / 1e9, opt_ms / floors.optimizer_ms);
   }
   // The timed steps' energy: their median time at their median power (0 where not sampled).
-  const double step_j = pw.samples > 0 ? pw.watts_median * med * 1e-3 : 0.0;
+  const double step_j = pw.samples > 0 ? pw.watts_mean * med * 1e-3 : 0.0;
   const double parts_j = floors.at_cap ? floors.step_j(backward, step) : 0.0;
   if (floors.at_cap) {
     const double limit = floors.limit_watts;
@@ -243,7 +243,7 @@ void Run::benchmark(TrainResult& result) {
     spdlog::info(
         "  the parts  {:.3f} J = {:.3f} ms at {:.0f} W | the timed steps {:.3f} ms at {:.0f} W = "
         "{:.3f} J, {:.2f}x the parts",
-        parts_j, limit > 0 ? 1e3 * parts_j / limit : 0.0, limit, med, pw.watts_median, step_j,
+        parts_j, limit > 0 ? 1e3 * parts_j / limit : 0.0, limit, med, pw.watts_mean, step_j,
         parts_j > 0 ? step_j / parts_j : 0.0);
   }
   if (!floors.note.empty()) spdlog::info("floors: {}", floors.note);
@@ -263,7 +263,7 @@ void Run::benchmark(TrainResult& result) {
         o_.comm_sms, tc.mean, nccl_env_field(), host_count(places_), o_.recompute,
         floors.forward_ms(), floors.backward_ms(), floors.optimizer_ms, floors.gemm_forward_ms,
         floors.gemm_backward_ms, floors.copy_gb_s, o_.cuda_graph ? 1 : 0, o_.adam_state, lane_ms,
-        overlap_update_ ? 1 : 0, update_sms_, pw.sm_mhz_median, pw.watts_median, pw.capped_fraction,
+        overlap_update_ ? 1 : 0, update_sms_, pw.sm_mhz_median, pw.watts_mean, pw.capped_fraction,
         step_j, floors.limit_watts, floors.gemm_forward_j + floors.gemm_backward_j,
         floors.attention_forward_j + floors.attention_backward_j,
         floors.elementwise_forward_j() + floors.elementwise_backward_j(),

@@ -210,17 +210,18 @@ PowerSummary summarize_power(const std::vector<PowerSample>& samples, double lim
   s.limit_watts = limit_watts;
   s.samples = static_cast<int64_t>(samples.size());
   if (samples.empty()) return s;
-  std::vector<double> mhz, watts;
+  std::vector<double> mhz;
+  double watts = 0;
   int64_t capped = 0;
   for (const PowerSample& p : samples) {
     mhz.push_back(p.sm_mhz);
-    watts.push_back(p.watts);
+    watts += p.watts;
     capped += p.power_capped ? 1 : 0;
   }
   s.sm_mhz_min = *std::min_element(mhz.begin(), mhz.end());
   s.sm_mhz_max = *std::max_element(mhz.begin(), mhz.end());
   s.sm_mhz_median = median(mhz);
-  s.watts_median = median(watts);
+  s.watts_mean = watts / static_cast<double>(s.samples);
   s.capped_fraction = static_cast<double>(capped) / static_cast<double>(s.samples);
   return s;
 }
@@ -229,7 +230,7 @@ std::string describe_power(const PowerSummary& s) {
   if (s.samples == 0) return "no samples";
   return fmt::format(
       "SM clock {:.0f} MHz ({:.0f}-{:.0f}), {:.0f} W{}, power cap in {:.0f}% of {} samples",
-      s.sm_mhz_median, s.sm_mhz_min, s.sm_mhz_max, s.watts_median,
+      s.sm_mhz_median, s.sm_mhz_min, s.sm_mhz_max, s.watts_mean,
       s.limit_watts > 0 ? fmt::format(" of {:.0f} W", s.limit_watts) : "", 100 * s.capped_fraction,
       s.samples);
 }

@@ -23,7 +23,7 @@ struct PowerSample {
 struct PowerSummary {
   int64_t samples = 0;
   double sm_mhz_median = 0, sm_mhz_min = 0, sm_mhz_max = 0;
-  double watts_median = 0;
+  double watts_mean = 0;       // the mean, so that power x time is the window's energy
   double limit_watts = 0;      // the enforced power limit (0: unknown)
   double capped_fraction = 0;  // of the samples, those with the power cap lowering the clocks
   // Whether the watts are NVML's instantaneous readings (NVML_FI_DEV_POWER_INSTANT) or, where the
@@ -32,7 +32,8 @@ struct PowerSummary {
   bool instant_watts = false;
 };
 
-// Medians over the samples (0 samples: an empty summary with the limit).
+// The clock's median and range, the power's mean, over the samples (0 samples: an empty summary
+// with the limit).
 PowerSummary summarize_power(const std::vector<PowerSample>& samples, double limit_watts);
 
 class PowerSampler {
@@ -57,7 +58,7 @@ std::unique_ptr<PowerSampler> make_power_sampler(const std::string& pci_bus_id, 
                                                  std::string* why);
 
 // One line for the benchmark's report: "SM clock 1605 MHz (1410-1980), 692 W of 700 W, power cap
-// in 87% of 520 samples".
+// in 87% of 520 samples" (median clock and its range, mean power).
 std::string describe_power(const PowerSummary& s);
 
 }  // namespace trainer
