@@ -224,7 +224,7 @@ void Run::benchmark(TrainResult& result) {
           opt_ms, lane_updates > 0 ? " (beside forward)" : "", floors.optimizer_ms,
           floors.optimizer_bytes / 1e9, opt_ms / floors.optimizer_ms);
   }
-  // The timed steps' energy: their median time at their median power (0 where not sampled).
+  // The timed steps' energy: their median time at their mean power (0 where not sampled).
   const double step_j = pw.samples > 0 ? pw.watts_mean * med * 1e-3 : 0.0;
   const double parts_j = floors.at_cap ? floors.step_j(backward, step) : 0.0;
   if (floors.at_cap) {
