@@ -197,6 +197,14 @@ void Run::benchmark(TrainResult& result) {
     spdlog::info("  GPU       {} (rank 0's GPU over the timed steps, NVML every {} ms, {})",
                  describe_power(pw), kPowerPeriodMs,
                  pw.instant_watts ? "instantaneous power" : "power averaged over a second");
+  double window_ms = 0;
+  for (double w : wall) window_ms += w;
+  if (const int64_t hold = sustained_steps(pw, window_ms * 1e-3, median(wall)))
+    spdlog::warn(
+        "these {} steps ({:.2f} s) ran with the GPU at its power limit, whose first second runs "
+        "above the limit and the next few swing around it: faster than training held there. For "
+        "the sustained step, time {:.0f} s of steps: --steps {}",
+        n, window_ms * 1e-3, kPowerHoldSeconds, hold);
   if (floors.measured) {
     spdlog::info(
         "floors on this GPU (copy {:.0f} GB/s; flash attention at T 4096: forward {:.0f}, backward "

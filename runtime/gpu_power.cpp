@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -224,6 +225,13 @@ PowerSummary summarize_power(const std::vector<PowerSample>& samples, double lim
   s.watts_mean = watts / static_cast<double>(s.samples);
   s.capped_fraction = static_cast<double>(capped) / static_cast<double>(s.samples);
   return s;
+}
+
+int64_t sustained_steps(const PowerSummary& s, double window_s, double step_ms) {
+  if (s.samples == 0 || step_ms <= 0 || window_s <= 0 || window_s >= kPowerHoldSeconds) return 0;
+  const bool power_bound =
+      s.capped_fraction >= 0.5 || (s.limit_watts > 0 && s.watts_mean >= 0.97 * s.limit_watts);
+  return power_bound ? static_cast<int64_t>(std::ceil(kPowerHoldSeconds * 1e3 / step_ms)) : 0;
 }
 
 std::string describe_power(const PowerSummary& s) {

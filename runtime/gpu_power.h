@@ -57,6 +57,19 @@ class PowerSampler {
 std::unique_ptr<PowerSampler> make_power_sampler(const std::string& pci_bus_id, int period_ms,
                                                  std::string* why);
 
+// How long a window of timed steps must be to give the step as training held at the power limit
+// runs it. The limiter holds the board's power to the limit as an average over about a second:
+// the first second of a power-bound load runs above the limit, the next few swing around it, half
+// a second above and half below, and the chip warms for longer. On H200s (three leases,
+// 2026-11-27) small 16 x 1024's 20 steps after 5 drew 729-777 W and ran 2.9-3.4% faster than 300
+// steps (8 s) at 689-696 W; 20 steps after 2 s of warm-up 0.8-1.5% faster, 3 s after 1 s 0.8-1.1%.
+constexpr double kPowerHoldSeconds = 8.0;
+// For a window `window_s` long with the GPU power-bound (the cap on in at least half of the
+// samples, or the mean power at 97% of the limit or more), shorter than kPowerHoldSeconds: the
+// steps of `step_ms` that cover that time. 0 where the window is long enough, not power-bound or
+// its power unknown.
+int64_t sustained_steps(const PowerSummary& s, double window_s, double step_ms);
+
 // One line for the benchmark's report: "SM clock 1605 MHz (1410-1980), 692 W of 700 W, power cap
 // in 87% of 520 samples" (median clock and its range, mean power).
 std::string describe_power(const PowerSummary& s);

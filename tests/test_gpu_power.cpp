@@ -44,6 +44,38 @@ TEST_CASE("summarize_power: the clock's median and range, the mean power, the ca
   CHECK(trainer::describe_power(none) == "no samples");
 }
 
+TEST_CASE("sustained_steps: the steps that give the step held at the power limit", "[power]") {
+  using trainer::sustained_steps;
+  PowerSummary capped;  // small 16 x 1024's 20 steps after 5 on an H200
+  capped.samples = 28;
+  capped.watts_mean = 743;
+  capped.limit_watts = 700;
+  capped.capped_fraction = 1.0;
+  // 20 steps of 26.9 ms: time 8 s of them, 298 steps.
+  CHECK(sustained_steps(capped, 0.54, 26.9) == 298);
+  // 112 steps (3 s) are still short; 300 (8.1 s) are not.
+  CHECK(sustained_steps(capped, 3.0, 26.8) == 299);
+  CHECK(sustained_steps(capped, 8.1, 27.0) == 0);
+  // 2.7B: 20 steps of 93.5 ms; the cap on although the mean is under the limit.
+  PowerSummary big = capped;
+  big.watts_mean = 690;
+  CHECK(sustained_steps(big, 1.87, 93.5) == 86);
+  // Power-bound by its mean alone (the cap flag on in few samples).
+  PowerSummary near = capped;
+  near.capped_fraction = 0.2;
+  near.watts_mean = 690;
+  CHECK(sustained_steps(near, 0.5, 25.0) == 320);
+  // Not power-bound: small 4 x 512 at 514 W, the cap on in a few samples.
+  PowerSummary light = capped;
+  light.watts_mean = 514;
+  light.capped_fraction = 0.1;
+  CHECK(sustained_steps(light, 0.1, 4.7) == 0);
+  // Unknown power, window or step.
+  CHECK(sustained_steps(PowerSummary{}, 0.5, 25.0) == 0);
+  CHECK(sustained_steps(capped, 0, 25.0) == 0);
+  CHECK(sustained_steps(capped, 0.5, 0) == 0);
+}
+
 TEST_CASE("make_power_sampler refuses a GPU that is not there, saying why", "[power]") {
   std::string why;
   CHECK(trainer::make_power_sampler("ffff:ff:1f.7", 20, &why) == nullptr);
