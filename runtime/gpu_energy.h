@@ -34,6 +34,7 @@ double time_ms(cudaStream_t s, int warm, int reps, F&& run) {
 struct CallEnergy {
   double ms = 0;     // per call
   double watts = 0;  // NVML's reading after the window
+  int calls = 0;     // of `run` in all, the ones that sized the window included
   double joules() const { return watts * ms * 1e-3; }
 };
 
@@ -41,11 +42,13 @@ struct CallEnergy {
 // (its average over the last second: this work's alone, for windows longer than that).
 template <class F>
 CallEnergy energy_per_call(cudaStream_t s, PowerSampler& power, double window_ms, F&& run) {
-  const double probe_ms = std::max(time_ms(s, 1, 3, run), 1e-3);
+  constexpr int kWarm = 1, kProbe = 3;
+  const double probe_ms = std::max(time_ms(s, kWarm, kProbe, run), 1e-3);
   const int calls = static_cast<int>(std::clamp(std::ceil(window_ms / probe_ms), 3.0, 1e6));
   CallEnergy e;
   e.ms = time_ms(s, 0, calls, run);
   e.watts = power.watts_now();
+  e.calls = kWarm + kProbe + calls;
   return e;
 }
 

@@ -30,12 +30,12 @@
 
 #include "core/device_buffer.h"
 #include "runtime/floors.h"
+#include "runtime/gpu_energy.h"
 #include "runtime/gpu_power.h"
 #include "tests/probe_check.h"
 
 namespace {
 
-// NVML's few entry points (stable ABI), bound at run time.
 // One product in the trainer's row-major convention (matmul.h): D[m,n] = alpha op(A) op(B) +
 // beta C, A/B bf16, C/D bf16 or fp32.
 struct Prob {
@@ -185,10 +185,6 @@ int main(int argc, char** argv) {
   CK(cudaMemset(C, 0, dmax));
   cudaStream_t s{};
   CK(cudaStreamCreate(&s));
-  cudaEvent_t e0{}, e1{};
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-
   std::vector<Plan> plans;
   for (const Prob& p : probs) plans.push_back(plan(h, p, want, ws_bytes));
 
@@ -198,27 +194,20 @@ int main(int argc, char** argv) {
     CB(cublasLtMatmul(h, pl.op, &p.alpha, B, pl.a, A, pl.b, &p.beta, p.c_separate ? C : D, pl.c, D,
                       pl.d, &pl.algos[ai].algo, ws, ws_bytes, s));
   };
-  // One window: `count` products back to back, the clock sampled every 5 ms meanwhile, the energy
-  // counter around it.
-  auto measure = [&](size_t pi, size_t ai, int count) {
-    Result r;
+  // One window: products back to back for `ms`, the clock sampled meanwhile, the energy counter
+  // around it.
+  auto measure = [&](size_t pi, size_t ai, double ms) {
     CK(cudaStreamSynchronize(s));
     const double j0 = nv->energy_joules();
     nv->begin();
-    CK(cudaEventRecord(e0, s));
-    for (int i = 0; i < count; ++i) run(pi, ai);
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    // NVML's power reading is the average of the last second: right after a window longer than
-    // that, this product's power alone.
-    r.watts = nv->watts_now();
+    const trainer::CallEnergy e = trainer::energy_per_call(s, *nv, ms, [&] { run(pi, ai); });
+    Result r;
     r.mhz = nv->end().sm_mhz_median;
     const double j1 = nv->energy_joules();
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    r.us = 1e3 * ms / count;
-    r.mj_counter = 1e3 * (j1 - j0) / count;
-    r.mj = r.watts * r.us * 1e-3;
+    r.us = 1e3 * e.ms;
+    r.watts = e.watts;
+    r.mj = 1e3 * e.joules();
+    r.mj_counter = 1e3 * (j1 - j0) / e.calls;
     return r;
   };
 
@@ -229,9 +218,7 @@ int main(int argc, char** argv) {
       window_ms);
   // Load until the cap holds: the first product's first algorithm for 3 s.
   {
-    const Result r = measure(2, 0, 1);
-    const int count = std::max(1, static_cast<int>(3000.0 / (r.us * 1e-3)));
-    const Result w = measure(2, 0, count);
+    const Result w = measure(2, 0, 3000.0);
     std::printf("warm-up: %.1f us/product at %.0f MHz, %.0f W\n", w.us, w.mhz, w.watts);
   }
 
@@ -241,11 +228,8 @@ int main(int argc, char** argv) {
                                                     std::vector<std::vector<Result>>(probs.size()));
   for (int round = 0; round < rounds; ++round)
     for (size_t pi = 0; pi < probs.size(); ++pi)
-      for (size_t ai = 0; ai < plans[pi].algos.size(); ++ai) {
-        const Result t = measure(pi, ai, 3);
-        const int count = std::max(3, static_cast<int>(window_ms / (t.us * 1e-3)));
-        res[round][pi].push_back(measure(pi, ai, count));
-      }
+      for (size_t ai = 0; ai < plans[pi].algos.size(); ++ai)
+        res[round][pi].push_back(measure(pi, ai, window_ms));
 
   // PICKS=FILE: one line per product, "m n k ta tb d_f32 least-energy fastest" (heuristic ranks).
   FILE* picks = std::getenv("PICKS") ? std::fopen(std::getenv("PICKS"), "w") : nullptr;
