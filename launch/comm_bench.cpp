@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "comm/mpi_communicator.h"
+#include "comm/mpi_init.h"
 #include "core/bf16.h"
 #include "core/device_buffer.h"
 #include "core/error.h"
@@ -379,7 +380,7 @@ int Bench::run() {
 
 int main(int argc, char** argv) {
   using namespace trainer;
-  MPI_Init(&argc, &argv);
+  init_mpi(&argc, &argv);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

@@ -6,6 +6,7 @@
 #include <new>
 
 #include "comm/mpi_communicator.h"
+#include "comm/mpi_init.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/options.h"
@@ -13,7 +14,7 @@
 
 int main(int argc, char** argv) {
   using namespace trainer;
-  MPI_Init(&argc, &argv);
+  init_mpi(&argc, &argv);
   MpiCommunicator world(MPI_COMM_WORLD);
   init_logging(world.rank(), world.world());
   int code = 0;

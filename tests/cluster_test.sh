@@ -306,10 +306,13 @@ PY
     [[ -s $work/sweep.png ]] || fail "sweep_report.py wrote no plot: $(tail -3 <<<"$out")"
     # Many runs finishing at once on one CSV: 8 appends started together, none lost or torn.
     for i in $(seq 8); do
-      "$TRAINER" "${model[@]}" --benchmark --batch 1 --warmup 0 --steps 1 --csv "$work/burst.csv" \
-        > /dev/null 2>&1 &
+      { "$TRAINER" "${model[@]}" --benchmark --batch 1 --warmup 0 --steps 1 --csv "$work/burst.csv" \
+          > "$work/burst.$i.log" 2>&1; echo "exit $?" >> "$work/burst.$i.log"; } &
     done
     wait
+    burst_failed=$(grep -L '^exit 0$' "$work"/burst.*.log)
+    [[ -z $burst_failed ]] ||
+      fail "8 simultaneous appends: a run failed: $(tail -n 8 $burst_failed)"
     [[ $(wc -l < "$work/burst.csv") -eq 9 && $(grep -c '^time,' "$work/burst.csv") -eq 1 &&
        $(awk -F, '{print NF}' "$work/burst.csv" | sort -u | wc -l) -eq 1 ]] ||
       fail "8 simultaneous appends: $(wc -l < "$work/burst.csv") lines"

@@ -5,11 +5,12 @@
 
 #include <cstdio>
 
+#include "comm/mpi_init.h"
 #include "core/device_buffer.h"
 #include "tests/catch.h"
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  trainer::init_mpi(&argc, &argv);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
