@@ -62,7 +62,8 @@ std::unique_ptr<PowerSampler> make_power_sampler(const std::string& pci_bus_id, 
 // the first second of a power-bound load runs above the limit, the next few swing around it, half
 // a second above and half below, and the chip warms for longer. On H200s (three leases,
 // 2026-11-27) small 16 x 1024's 20 steps after 5 drew 729-777 W and ran 2.9-3.4% faster than 300
-// steps (8 s) at 689-696 W; 20 steps after 2 s of warm-up 0.8-1.5% faster, 3 s after 1 s 0.8-1.1%.
+// steps (8 s) at 689-696 W; 20 steps after 2 s of warm-up 0.8-1.5% faster, 3 s after 1 s 0.8-1.1%
+// (an H100: 2.9-3.0% and 0.7%).
 constexpr double kPowerHoldSeconds = 8.0;
 // For a window `window_s` long with the GPU power-bound (the cap on in at least half of the
 // samples, or the mean power at 97% of the limit or more), shorter than kPowerHoldSeconds: the
