@@ -2,6 +2,7 @@
 // training step), the summary of the slowest rank's phase times, and one --csv row per run.
 #include <algorithm>
 #include <ctime>
+#include <numeric>
 
 #include "core/log.h"
 #include "runtime/csv.h"
@@ -191,15 +192,15 @@ void Run::benchmark(TrainResult& result) {
       max_mem / 1073741824.0);
   // The step above is CUDA events from the step's first to its last kernel; between steps the
   // host reads the loss and the timings. Wall clock per step counts that too.
+  const double wall_med = median(wall);
   spdlog::info("  wall      {:8.3f} ms per step, median (rank 0's host clock, launch to launch)",
-               median(wall));
+               wall_med);
   if (pw.samples > 0)
     spdlog::info("  GPU       {} (rank 0's GPU over the timed steps, NVML every {} ms, {})",
                  describe_power(pw), kPowerPeriodMs,
                  pw.instant_watts ? "instantaneous power" : "power averaged over a second");
-  double window_ms = 0;
-  for (double w : wall) window_ms += w;
-  if (const int64_t hold = sustained_steps(pw, window_ms * 1e-3, median(wall)))
+  const double window_ms = std::accumulate(wall.begin(), wall.end(), 0.0);
+  if (const int64_t hold = sustained_steps(pw, window_ms * 1e-3, wall_med))
     spdlog::warn(
         "these {} steps ({:.2f} s) ran with the GPU at its power limit, whose first second runs "
         "above the limit and the next few swing around it: faster than training held there. For "
