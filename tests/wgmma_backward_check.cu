@@ -332,6 +332,13 @@ struct GradErrors {
     return guard_ok && dq.finite && dk.finite && dv.finite && dq.rel < tol && dk.rel < tol &&
            dv.rel < tol;
   }
+  // dq and dk measured against at least 1e-3 of the case's largest reference dv: at T = 1 they
+  // are zero but for rounding (see Cmp::floor_scale), which any equivalent change, a differently
+  // rounded D for one, moves by its own relative amount.
+  void floor_dq_dk(double dv_ref_max) {
+    dq.floor_scale(1e-3 * dv_ref_max);
+    dk.floor_scale(1e-3 * dv_ref_max);
+  }
 };
 
 bool guard_intact(const bf16* p, size_t n, size_t guard) {
@@ -425,9 +432,7 @@ void correctness_case(int T, int D, cudaStream_t stream) {
     e.dq = compare_dev(dq, dq_ref, n, stream);
     e.dk = compare_dev(dk, dk_ref, n, stream);
     e.dv = compare_dev(dv, dv_ref, n, stream);
-    // dq and dk measured against at least 1e-3 of the case's largest dv (see Cmp::floor_scale).
-    e.dq.floor_scale(1e-3 * e.dv.max_ref);
-    e.dk.floor_scale(1e-3 * e.dv.max_ref);
+    e.floor_dq_dk(e.dv.max_ref);
     e.guard_ok =
         guard_intact(dq, n, guard) && guard_intact(dk, n, guard) && guard_intact(dv, n, guard);
     return e;
@@ -444,10 +449,7 @@ void correctness_case(int T, int D, cudaStream_t stream) {
   x.dq = compare_dev(dq, fa2_out[0], n, stream);
   x.dk = compare_dev(dk, fa2_out[1], n, stream);
   x.dv = compare_dev(dv, fa2_out[2], n, stream);
-  // The same floor as against the reference: at T = 1 dq and dk are zero but for rounding, which
-  // a differently rounded D (or any other equivalent change) moves by its own relative amount.
-  x.dq.floor_scale(1e-3 * e.dv.max_ref);
-  x.dk.floor_scale(1e-3 * e.dv.max_ref);
+  x.floor_dq_dk(e.dv.max_ref);  // the reference's dv: FA2's is rounded like ours
   const bool ok = e.ok(2e-2) && x.ok(2e-2);
   std::printf(
       "T=%5d dh=%3d  new vs ref: dq %.2e dk %.2e dv %.2e%s%s | new vs FA2: dq %.2e dk %.2e dv "
