@@ -206,7 +206,9 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
   r.take_loss();
   r.synchronize();
   {
-    // Same plans: a Matmul picks the same algorithm for the same problem and alignments.
+    // A Matmul of its own picks the algorithm the step's would for the same problem and
+    // alignments, planned for the whole GPU: products the step plans for fewer SMs
+    // (--update-sms, --wgrad-stream) are timed here on all of them.
     cuda::Matmul mm;
     std::map<std::string, double> per_call;
     auto alone_ms = [&](const cuda::Gemm& g) { return time_ms(s, 2, 5, [&] { mm.run(g, s); }); };

@@ -2,7 +2,7 @@
 // would take if nothing but its unavoidable work ran, each part at a throughput measured here.
 //
 //   forward, backward: the step's own GEMMs (recorded during one step, then each distinct problem
-//     timed alone with the same cuBLASLt plans), plus flash attention's FLOPs at the throughput the
+//     timed alone, planned for the whole GPU), plus flash attention's FLOPs at the throughput the
 //     flash kernels reach at T = 4096, plus the elementwise kernels' bytes (norms, RoPE, the gate,
 //     embedding, cross-entropy; estimated from the shapes) at the copy bandwidth;
 //   optimizer: the bytes AdamW (and the gradient-norm pass, unless it runs beside backward) must
