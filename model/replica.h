@@ -63,6 +63,9 @@ struct ReplicaOptions {
   // CUDA: backward's weight-gradient GEMMs on a second stream, planned for this many SMs fewer
   // than the rest of backward's (-1: on the compute stream, in order).
   int wgrad_sms = -1;
+  // CUDA: matrix products tuned among cuBLASLt's algorithms equal bit for bit to its first choice
+  // (Matmul::set_tuning).
+  bool gemm_tune = false;
   // Testing hook (--debug-wgrad-delay-us): the weight-gradient stream idles this long before each
   // of its products, so that a test sees any compute-stream write that does not wait for them.
   int64_t debug_wgrad_delay_us = 0;
@@ -146,6 +149,9 @@ class Replica {
   virtual void begin_capture();
   virtual void end_capture();
   virtual void replay();
+
+  // What the tuning of matrix products did so far, for the log ("" where there is none).
+  virtual std::string gemm_tuning() const { return ""; }
 
   // Makes the host wait for all work queued on this replica's device (no-op on the CPU).
   virtual void synchronize() {}

@@ -132,7 +132,7 @@ void Run::benchmark(TrainResult& result) {
         *replica_, o_.config, MicroBatch{inputs_.data(), targets_.data(), o_.batch, o_.config.ctx},
         owned_.size(), static_cast<int>(dtype_size(o_.adamw().moments)), backward,
         /*norm_beside_backward=*/has_norm_overlap() && step,
-        o_.floors_at_cap ? power.get() : nullptr);
+        o_.floors_at_cap ? power.get() : nullptr, gemm_tune_);
   if (rank_ == 0 && o_.floors_at_cap && !power)
     floors.note += std::string(floors.note.empty() ? "" : "; ") +
                    "no floors at the power cap: NVML cannot read this GPU's power";

@@ -39,7 +39,7 @@ std::vector<uint16_t> random_bf16_bits(size_t count, uint64_t seed) {
 #ifndef TRAINER_WITH_CUDA
 
 PhaseFloors measure_floors(Replica&, const ModelConfig&, const MicroBatch&, int64_t, int, bool,
-                           bool, PowerSampler*) {
+                           bool, PowerSampler*, bool) {
   PhaseFloors f;
   f.note = "floors are measured on GPUs only";
   return f;
@@ -130,8 +130,10 @@ constexpr double kCapWarmMs = 2500;
 // recorded products on the replica's buffers.
 void measure_at_cap(PhaseFloors& f, PowerSampler& power, const std::vector<cuda::Gemm>& fwd,
                     const std::vector<cuda::Gemm>& bwd, const ModelConfig& c, const MicroBatch& mb,
-                    bool flash, bool backward, cudaStream_t s, std::vector<std::string>& missing) {
+                    bool flash, bool backward, bool gemm_tune, cudaStream_t s,
+                    std::vector<std::string>& missing) {
   cuda::Matmul mm;
+  mm.set_tuning(gemm_tune);
   // The heaviest product brings the GPU to its limit.
   const cuda::Gemm* heavy = nullptr;
   for (const auto* list : {&fwd, &bwd})
@@ -139,6 +141,9 @@ void measure_at_cap(PhaseFloors& f, PowerSampler& power, const std::vector<cuda:
       if (!heavy || g.m * g.n * g.k * g.batch > heavy->m * heavy->n * heavy->k * heavy->batch)
         heavy = &g;
   if (!heavy) return;
+  // Every product planned (and tuned) before the windows, which would otherwise count the tuning.
+  for (const auto* list : {&fwd, &bwd})
+    for (const cuda::Gemm& g : *list) mm.run(g, s);
   energy_per_call(s, power, kCapWarmMs, [&] { mm.run(*heavy, s); });
   std::map<std::string, double> per_call;
   auto gemm_j = [&](const cuda::Gemm& g) {
@@ -177,7 +182,7 @@ void measure_at_cap(PhaseFloors& f, PowerSampler& power, const std::vector<cuda:
 
 PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& mb,
                            int64_t optimizer_elems, int moment_bytes, bool backward,
-                           bool norm_beside_backward, PowerSampler* power) {
+                           bool norm_beside_backward, PowerSampler* power, bool gemm_tune) {
   PhaseFloors f;
   if (r.device() != DeviceKind::kCuda) {
     f.note = "floors are measured on GPUs only";
@@ -207,9 +212,10 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
   r.synchronize();
   {
     // A Matmul of its own picks the algorithm the step's would for the same problem and
-    // alignments, planned for the whole GPU: products the step plans for fewer SMs
-    // (--update-sms, --wgrad-stream) are timed here on all of them.
+    // alignments (tuned as the step's are), planned for the whole GPU: products the step plans
+    // for fewer SMs (--update-sms, --wgrad-stream) are timed here on all of them.
     cuda::Matmul mm;
+    mm.set_tuning(gemm_tune);
     std::map<std::string, double> per_call;
     auto alone_ms = [&](const cuda::Gemm& g) { return time_ms(s, 2, 5, [&] { mm.run(g, s); }); };
     f.gemm_forward_ms = per_problem_sum(fwd, per_call, alone_ms);
@@ -278,7 +284,7 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
         static_cast<double>(optimizer_elems) * per_elem + (norm_beside_backward ? 0 : norm_bytes);
     f.optimizer_ms = f.optimizer_bytes / (f.copy_gb_s * 1e6);
   }
-  if (power) measure_at_cap(f, *power, fwd, bwd, c, mb, flash, backward, s, missing);
+  if (power) measure_at_cap(f, *power, fwd, bwd, c, mb, flash, backward, gemm_tune, s, missing);
   for (size_t i = 0; i < missing.size(); ++i) f.note += (i ? "; " : "") + missing[i];
   if (!flash)
     f.note += std::string(f.note.empty() ? "" : "; ") +

@@ -87,10 +87,11 @@ double attention_flops(int64_t B, int64_t T, int64_t H, int64_t dh, bool backwar
 // not fit is left out and named in `note`.
 // norm_beside_backward: the gradient norm's pass runs during backward (one GPU), not in the
 // optimizer phase. power: the GPU's NVML reader, to measure the parts at the power cap as well
-// (some 20-40 s); null: not.
+// (some 20-40 s); null: not. gemm_tune: the products are tuned as the step's are (--gemm-tune).
 class PowerSampler;
 PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& mb,
                            int64_t optimizer_elems, int moment_bytes, bool backward,
-                           bool norm_beside_backward = false, PowerSampler* power = nullptr);
+                           bool norm_beside_backward = false, PowerSampler* power = nullptr,
+                           bool gemm_tune = false);
 
 }  // namespace trainer

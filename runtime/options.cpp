@@ -63,6 +63,12 @@ int Options::wgrad_sms_for(bool cuda) const {
   return *n;
 }
 
+bool Options::gemm_tune_for(bool cuda) const {
+  if (gemm_tune == "on" && !cuda)
+    usage_error("--gemm-tune on needs --device cuda (it picks among cuBLASLt's algorithms)");
+  return gemm_tune == "on" || (gemm_tune == "auto" && cuda);
+}
+
 int Options::update_sms_for(bool update_beside_forward, int64_t parameters) const {
   const std::optional<int> n = parse_update_sms(update_sms);
   if (!n) {  // docs/performance.md#forwards-gemms-on-fewer-sms---update-sms
@@ -176,6 +182,10 @@ Options parse_options(int argc, char** argv) {
                  "auto | off | N: backward's weight-gradient GEMMs on a second stream beside the "
                  "chain of input gradients, planned for N SMs fewer than the GPU has, which that "
                  "chain keeps (0 = every SM, the very numbers of off; auto: 24 on cuda)");
+  app.add_option("--gemm-tune", o.gemm_tune,
+                 "auto | on | off: each matrix product takes the fastest of cuBLASLt's first "
+                 "algorithms whose results equal its first choice's bit for bit, timed alone "
+                 "when the product is first planned (the same numbers; auto: on on cuda)");
   app.add_option("--ddp", o.ddp, "none | naive | flat | overlap | bucketed");
   app.add_option(
       "--bucket-mb", o.bucket_mb,
@@ -291,6 +301,8 @@ void validate_options(const Options& o) {
     usage_error("--comm-sms must lie in [0, 64] (got {})", o.comm_sms);
   parse_update_sms(o.update_sms);      // throws UsageError naming --update-sms
   parse_wgrad_stream(o.wgrad_stream);  // throws UsageError naming --wgrad-stream
+  if (o.gemm_tune != "auto" && o.gemm_tune != "on" && o.gemm_tune != "off")
+    usage_error("--gemm-tune must be auto, on or off (got '{}')", o.gemm_tune);
   if (!(o.time_limit_min >= 0) || !std::isfinite(o.time_limit_min))
     usage_error("--time-limit must be a finite number of minutes >= 0 (got {})", o.time_limit_min);
   if (!(o.comm_timeout > 0))
@@ -352,7 +364,7 @@ std::string settings_fingerprint(const Options& o) {
   s << "device=" << o.device << "\nprecision=" << o.precision << "\nattn=" << o.attention
     << "\nrecompute=" << o.recompute << "\ncuda-graph=" << o.cuda_graph
     << "\noverlap-update=" << o.overlap_update << "\nupdate-sms=" << o.update_sms
-    << "\nwgrad-stream=" << o.wgrad_stream << "\n";
+    << "\nwgrad-stream=" << o.wgrad_stream << "\ngemm-tune=" << o.gemm_tune << "\n";
   s << "ddp=" << o.ddp << "\nbucket-mb=" << o.bucket_mb << "\nshard-optim=" << o.shard_optim
     << "\ngrad-reduce=" << o.grad_reduce << "\ncomm-sms=" << o.comm_sms
     << "\ngrad-transport=" << o.grad_transport << "\n";

@@ -56,6 +56,9 @@ struct Options {
   // gradients: auto | off | N in [0, 64], the SMs those GEMMs leave to that chain (0 = every SM:
   // the very numbers of off; auto: wgrad_sms_for(), below).
   std::string wgrad_stream = "auto";
+  // CUDA: cuBLASLt algorithms chosen per problem by timing those equal bit for bit to its first
+  // choice (Matmul::set_tuning): auto | on | off (auto: on on a GPU).
+  std::string gemm_tune = "auto";
   std::string ddp = "bucketed";
   double bucket_mb = 25;
   bool shard_optim = false;
@@ -120,6 +123,8 @@ struct Options {
   // of backward. auto: 24 on a GPU (docs/performance.md), off on the CPU backend, which has no
   // streams. Throws UsageError for a number without a GPU.
   int wgrad_sms_for(bool cuda) const;
+  // --gemm-tune resolved: auto is on on a GPU. Throws UsageError for on without a GPU.
+  bool gemm_tune_for(bool cuda) const;
 };
 
 // Parses argv; throws UsageError on any bad flag or value. With `--help` it returns at once with

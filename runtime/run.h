@@ -231,8 +231,9 @@ class Run {
   // --overlap-update: the last update's parts still to be waited for by the next forward (the end
   // of each part's range, and its mark on the update lane).
   bool overlap_update_ = false;
-  int update_sms_ = 0;  // SMs forward's GEMMs leave to the update beside them (--update-sms)
-  int wgrad_sms_ = -1;  // --wgrad-stream resolved: -1 off, else the SMs its GEMMs leave
+  int update_sms_ = 0;      // SMs forward's GEMMs leave to the update beside them (--update-sms)
+  int wgrad_sms_ = -1;      // --wgrad-stream resolved: -1 off, else the SMs its GEMMs leave
+  bool gemm_tune_ = false;  // --gemm-tune resolved
   struct PendingPart {
     int64_t end;
     int mark;

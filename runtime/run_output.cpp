@@ -247,6 +247,8 @@ void Run::write_memory_report(int64_t steps_done, int64_t in_use, int64_t alloca
       steps_done, mib(static_cast<double>(in_use)), what, mib(static_cast<double>(allocator)),
       mib(static_cast<double>(planned)), mib(static_cast<double>(in_use - allocator)),
       nranks_ > 1 ? fmt::format(" | most in use on any rank {}", mib(max_in_use)) : "");
+  if (const std::string tuning = replica_->gemm_tuning(); !tuning.empty())
+    spdlog::info("matrix products: {}", tuning);
   if (o_.memory_report.empty()) return;
   json plan = json::array();
   for (const MemoryItem& m : memory_plan_)

@@ -179,6 +179,7 @@ int Run::check_inputs() {
           nranks_);
     update_sms_ = o_.update_sms_for(update_beside_forward(), layout_.total());
     wgrad_sms_ = o_.wgrad_sms_for(device_ == DeviceKind::kCuda);
+    gemm_tune_ = o_.gemm_tune_for(device_ == DeviceKind::kCuda);
     if (o_.overlap_update == "on") {
       if (device_ == DeviceKind::kCpu)
         usage_error("--overlap-update on needs --device cuda (the CPU backend has no streams)");
@@ -362,6 +363,7 @@ void Run::build(int gpu) {
   ro.update_sms = update_sms_;  // resolved in check_inputs()
   ro.debug_wgrad_delay_us = o_.debug_wgrad_delay_us;
   ro.wgrad_sms = wgrad_sms_;
+  ro.gemm_tune = gemm_tune_;
   ro.optimizer_elems = owned_.size();
   ro.optimizer_bytes_per_elem = AdamW::state_bytes_per_elem(o_.adamw().moments);
   grad_copies_ = device_ == DeviceKind::kCuda && nranks_ > 1 && o_.grad_transport == "ce" &&

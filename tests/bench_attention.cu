@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "model/cuda/common.cuh"
 #include "model/cuda/flash_attention.h"
 
 namespace {
@@ -134,12 +135,7 @@ Options parse(int argc, char** argv) {
 __global__ void fill_random_kernel(bf16* x, int64_t n, uint32_t seed) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32);
-  h ^= h >> 16;
-  h *= 0x85EBCA6Bu;
-  h ^= h >> 13;
-  h *= 0xC2B2AE35u;
-  h ^= h >> 16;
+  const uint32_t h = trainer::cuda::hash_index(i, seed);
   const float u = (h >> 8) * (1.f / 16777216.f);  // [0, 1)
   x[i] = __float2bfloat16((2.f * u - 1.f) * 1.7320508f);
 }

@@ -81,6 +81,8 @@ expect 2 "--overlap-update on needs --device cuda" "$trainer" "${small[@]}" "${d
 expect 2 "--update-sms must be auto or a number in \\[0, 64\\] \\(got '65'\\)" "$trainer" "${small[@]}" "${data[@]}" --update-sms 65
 expect 2 "--update-sms must be auto or a number in \\[0, 64\\] \\(got 'most'\\)" "$trainer" "${small[@]}" "${data[@]}" --update-sms most
 expect 2 "--update-sms 8 needs the update beside forward" "$trainer" "${small[@]}" "${data[@]}" --update-sms 8
+expect 2 "--gemm-tune must be auto, on or off \\(got 'fast'\\)" "$trainer" "${small[@]}" "${data[@]}" --gemm-tune fast
+expect 2 "--gemm-tune on needs --device cuda" "$trainer" "${small[@]}" "${data[@]}" --gemm-tune on
 expect 2 "--cuda-graph needs --device cuda \\(--device auto, which found no GPU\\)" \
   env CUDA_VISIBLE_DEVICES= "$trainer" "${small[@]:2}" "${data[@]}" --cuda-graph
 expect 2 "--mode 'bogus'" "$trainer" "${small[@]}" --benchmark --mode bogus

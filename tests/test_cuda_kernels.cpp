@@ -310,6 +310,92 @@ TEST_CASE("matmul: strided batches match cpu::gemm per entry", "[cuda][matmul]")
       for (bool tb : {false, true}) check_gemm(mode, ta, tb, true, 3);
 }
 
+// Matmul::set_tuning picks among cuBLASLt's algorithms only those whose products equal its first
+// choice's bit for bit: a step's kinds of product (a Linear with the residual added, the input
+// gradient, the weight gradient into fp32, written and then accumulated in place as over
+// micro-batches, the logits of a vocabulary narrower than their row stride), on operands aligned
+// to 256 bytes and to fewer, with data after them, give the very outputs of an untuned Matmul,
+// whatever the timings chose.
+TEST_CASE("matmul: tuned products equal the first choice's bit for bit", "[cuda][matmul]") {
+  struct Shape {
+    bool ta, tb, separate_c, f32_out;
+    int64_t m, n, k;
+    float beta;     // of the second call (the first has beta 0)
+    int64_t shift;  // elements every operand starts after a 256-byte boundary
+    int64_t pad;    // elements every row stride exceeds its row by
+  };
+  const Shape shapes[] = {
+      {false, true, true, false, 2048, 768, 768, 1.0f, 0, 0},     // x W^T + residual
+      {false, false, false, false, 2048, 3072, 768, 0.0f, 0, 0},  // dy W
+      {true, false, false, true, 768, 3072, 2048, 1.0f, 0, 0},    // dy^T x into fp32, accumulated
+      {true, false, false, true, 768, 768, 2048, 1.0f, 1, 0},     // the same, 4-byte aligned
+      {true, false, false, true, 32, 64, 192, 1.0f, 3, 0},        // a tiny one, 4- and 2-byte
+      {false, true, false, false, 1000, 250, 130, 0.0f, 1, 0},    // sizes that fit no tile
+      {false, true, false, false, 192, 61, 32, 0.0f, 0, 3},       // logits, vocabulary 61 of 64
+      {false, false, false, false, 192, 32, 61, 0.0f, 0, 3},      // their input gradient
+  };
+  cuda::Matmul plain, tuned;
+  tuned.set_tuning(true);
+  int problems = 0;
+  for (const Shape& sh : shapes) {
+    const int64_t rows_a = sh.ta ? sh.k : sh.m, lda = (sh.ta ? sh.m : sh.k) + sh.pad;
+    const int64_t rows_b = sh.tb ? sh.n : sh.k, ldb = (sh.tb ? sh.k : sh.n) + sh.pad;
+    const int64_t ldd = sh.n + sh.pad;
+    // Gaussian values with one in 8 subnormal (products and sums near the underflow, where
+    // kernels could flush differently); NaN in the `shift` elements before the matrix, its rows'
+    // padding and 128 rows after it: memory around a matrix must not change its product, not
+    // even through 0 x NaN.
+    auto values = [&](int64_t rows, int64_t cols, int64_t ld, uint32_t seed) {
+      std::vector<float> v = randn(sh.shift + (rows + 128) * ld, 1.0f, seed);
+      for (size_t i = 3; i < v.size(); i += 8) v[i] *= 1e-38f;
+      for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i) {
+        const int64_t j = i - sh.shift;
+        if (j < 0 || j >= rows * ld || j % ld >= cols) v[i] = std::nanf("");
+      }
+      return quantized<bf16>(v);
+    };
+    const std::vector<float> A = values(rows_a, lda - sh.pad, lda, 11);
+    const std::vector<float> B = values(rows_b, ldb - sh.pad, ldb, 12);
+    const std::vector<float> C = values(sh.m, sh.n, ldd, 13);
+    auto product = [&](cuda::Matmul& mm, auto out_tag) {
+      using TO = decltype(out_tag);
+      Dev<bf16> a = upload<bf16>(A), b = upload<bf16>(B);
+      Dev<TO> c = upload<TO>(C), d = upload<TO>(C);
+      cuda::Gemm g;
+      g.trans_a = sh.ta;
+      g.trans_b = sh.tb;
+      g.m = sh.m, g.n = sh.n, g.k = sh.k;
+      g.a = a.p() + sh.shift, g.lda = lda;
+      g.b = b.p() + sh.shift, g.ldb = ldb;
+      g.c = sh.separate_c ? c.p() + sh.shift : nullptr, g.ldc = ldd;
+      g.d = d.p() + sh.shift, g.ldd = ldd;
+      g.ab_type = DType::kBF16;
+      g.cd_type = sh.f32_out ? DType::kF32 : DType::kBF16;
+      mm.run(g, nullptr);
+      g.beta = sh.beta;
+      mm.run(g, nullptr);
+      return download(d);
+    };
+    INFO("m " << sh.m << " n " << sh.n << " k " << sh.k << " trans " << sh.ta << sh.tb << " shift "
+              << sh.shift << " pad " << sh.pad);
+    const std::vector<float> want = sh.f32_out ? product(plain, float{}) : product(plain, bf16{});
+    const std::vector<float> got = sh.f32_out ? product(tuned, float{}) : product(tuned, bf16{});
+    REQUIRE(got.size() == want.size());  // compared bit for bit: NaN stays where it was
+    CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+    ++problems;
+  }
+  const cuda::Matmul::TuneStats t = tuned.tune_stats();
+  INFO("offered " << t.offered << " identical " << t.identical << " tuned " << t.tuned
+                  << " switched " << t.switched);
+  CHECK(t.problems == problems);
+  CHECK(plain.tune_stats().problems == problems);
+  CHECK(plain.tune_stats().offered == 0);  // untuned: the first choice, nothing else asked for
+  CHECK(t.offered > 0);                    // cuBLASLt offers alternatives for these shapes
+  CHECK(t.identical <= t.offered);
+  CHECK(t.tuned <= t.problems);
+  CHECK(t.switched <= t.tuned);
+}
+
 TEST_CASE("matmul: bad arguments are refused with the shape in the message", "[cuda][matmul]") {
   cuda::Matmul mm;
   Dev<float> a(64), b(64), d(64);

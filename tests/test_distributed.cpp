@@ -258,6 +258,21 @@ TEST_CASE("--wgrad-stream: auto by device, off, numbers as given") {
         ContainsSubstring("--wgrad-stream must be auto, off or a number in [0, 64]"));
 }
 
+// --gemm-tune auto tunes the matrix products on a GPU; the CPU backend has no cuBLASLt.
+TEST_CASE("--gemm-tune: auto by device, on, off") {
+  CHECK(make_options({}).gemm_tune == "auto");
+  CHECK(make_options({}).gemm_tune_for(true));
+  CHECK_FALSE(make_options({}).gemm_tune_for(false));
+  CHECK(make_options({"--gemm-tune", "on"}).gemm_tune_for(true));
+  CHECK_FALSE(make_options({"--gemm-tune", "off"}).gemm_tune_for(true));
+  CHECK_FALSE(make_options({"--gemm-tune", "off"}).gemm_tune_for(false));
+  REQUIRE_THROWS_WITH(make_options({"--gemm-tune", "on"}).gemm_tune_for(false),
+                      ContainsSubstring("--gemm-tune on needs --device cuda"));
+  for (const char* bad : {"yes", "1", ""})
+    REQUIRE_THROWS_WITH(make_options({"--gemm-tune", bad}),
+                        ContainsSubstring("--gemm-tune must be auto, on or off"));
+}
+
 TEST_CASE("every strategy, sharded or not, with or without grad-accum, equals one process",
           "[equivalence]") {
   spdlog::set_level(spdlog::level::err);
@@ -920,6 +935,42 @@ TEST_CASE("--wgrad-stream trains to the parameters of the weight gradients in or
     check_identical(run_training(with("0"), world, true), a);
   }
   check_sm_reservation({"--wgrad-stream", "off"}, {"--wgrad-stream", "24"});
+}
+
+// --gemm-tune picks, per product, among cuBLASLt's algorithms whose results equal its first
+// choice's bit for bit: the very losses and parameters of off, on every one-GPU case and with
+// the ranks' gradient buckets.
+TEST_CASE("--gemm-tune trains to the very parameters of cuBLASLt's first choices", "[gemm-tune]") {
+  spdlog::set_level(spdlog::level::err);
+  MpiCommunicator world(MPI_COMM_WORLD);
+  MpiCommunicator self(MPI_COMM_SELF);
+  for (std::vector<std::string> args : one_gpu_cases()) {
+    args.insert(args.end(), {"--ddp", "none", "--gemm-tune"});
+    std::string what;
+    for (const std::string& arg : args) what += arg + " ";
+    INFO(what << "off / on");
+    args.push_back("off");
+    const TrainResult off = run_training(make_options(args), self, /*keep_params=*/true);
+    args.back() = "on";
+    const TrainResult on = run_training(make_options(args), self, /*keep_params=*/true);
+    size_t differ = 0;
+    double worst = 0;
+    for (size_t i = 0; i < std::min(on.params.size(), off.params.size()); ++i)
+      if (on.params[i] != off.params[i]) {
+        ++differ;
+        worst = std::max(worst, std::abs(static_cast<double>(on.params[i]) - off.params[i]));
+      }
+    INFO(differ << " of " << off.params.size() << " parameters differ, by up to " << worst);
+    CHECK(differ == 0);
+    check_identical(on, off);
+  }
+  const std::string b = std::to_string(kGlobalBatch / world.world());
+  auto with = [&](const char* tune) {
+    return make_options({"--precision", "bf16", "--batch", b, "--ddp", "bucketed", "--bucket-mb",
+                         "0.01", "--gemm-tune", tune});
+  };
+  const TrainResult off = run_training(with("off"), world, true);
+  check_identical(run_training(with("on"), world, true), off);
 }
 
 // --benchmark records each mode's work (forward only, forward and backward, the whole training

@@ -126,12 +126,7 @@ std::vector<bf16> random_bf16(size_t n, uint64_t seed, float scale) {
 __global__ void fill_random_kernel(bf16* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32);
-    h ^= h >> 16;
-    h *= 0x7feb352du;
-    h ^= h >> 15;
-    h *= 0x846ca68bu;
-    h ^= h >> 16;
+    const uint32_t h = trainer::cuda::hash_index(static_cast<int64_t>(i), seed);
     x[i] = __float2bfloat16(static_cast<float>(h >> 8) / 8388608.f - 1.f);
   }
 }

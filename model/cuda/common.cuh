@@ -23,6 +23,18 @@ constexpr int kWarp = 32;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A well-mixed 32-bit hash of an element's index and a seed: deterministic pseudo-random fills of
+// scratch and test operands, the same on every GPU and grid shape.
+__device__ __forceinline__ uint32_t hash_index(int64_t i, uint32_t seed) {
+  uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32);
+  h ^= h >> 15;
+  h *= 0x85EBCA77u;
+  h ^= h >> 13;
+  h *= 0xC2B2AE3Du;
+  h ^= h >> 16;
+  return h;
+}
+
 // ---- programmatic dependent launch (compute capability 9.0 and later) ----
 // launch_dependent() lets a kernel's blocks be scheduled while the kernel before it on the stream
 // is finishing (cudaLaunchAttributeProgrammaticStreamSerialization). Such a kernel begins with

@@ -161,6 +161,27 @@ class CudaReplica final : public Replica {
           precision_name(options_.precision), dh_);
     }
   }
+  std::string gemm_tuning() const override {
+    if (!options_.gemm_tune) return "";
+    Matmul::TuneStats t = mm_->tune_stats();
+    if (lane_.mm) {
+      const Matmul::TuneStats l = lane_.mm->tune_stats();
+      t.problems += l.problems;
+      t.offered += l.offered;
+      t.identical += l.identical;
+      t.tuned += l.tuned;
+      t.switched += l.switched;
+      t.first_ms += l.first_ms;
+      t.picked_ms += l.picked_ms;
+    }
+    return fmt::format(
+        "{} planned; of cuBLASLt's {} alternatives to its first choices, {} give the same "
+        "results bit for bit; {} products timed them, {} took a faster one{}",
+        t.problems, t.offered, t.identical, t.tuned, t.switched,
+        t.switched
+            ? fmt::format(" ({:.1f}% faster alone)", 100.0 * (1.0 - t.picked_ms / t.first_ms))
+            : "");
+  }
   void synchronize() override {
     use_device();
     CUDA_CHECK(cudaStreamSynchronize(stream_.s));
@@ -466,10 +487,12 @@ CudaReplica<T>::CudaReplica(const ModelConfig& c, const ReplicaOptions& o)
   CUDA_CHECK(cudaStreamCreateWithPriority(&stream_.s, cudaStreamNonBlocking,
                                           o.urgent_stream ? greatest : least));
   mm_ = std::make_unique<Matmul>();
+  mm_->set_tuning(o.gemm_tune);
   if (o.wgrad_sms >= 0) {
     // Lowest priority: where both streams have blocks waiting, the input gradients' go first.
     CUDA_CHECK(cudaStreamCreateWithPriority(&lane_.stream.s, cudaStreamNonBlocking, least));
     lane_.mm = std::make_unique<Matmul>();
+    lane_.mm->set_tuning(o.gemm_tune);
     CUDA_CHECK(cudaEventCreateWithFlags(&lane_.fork.e, cudaEventDisableTiming));
     for (EventHandle& ev : lane_.done)
       CUDA_CHECK(cudaEventCreateWithFlags(&ev.e, cudaEventDisableTiming));

@@ -76,6 +76,26 @@ class Matmul {
   // Number of distinct problems planned so far.
   size_t plans() const;
 
+  // From now on, each new problem with bf16 or fp16 inputs (one matrix, not a batch) is tuned when
+  // it is planned: of cuBLASLt's first few heuristic algorithms, those whose products equal its
+  // first choice's bit for bit are timed alone, and the fastest serves the problem when it is 2%
+  // faster than the first choice. Equal means: on scratch operands of the problem's shape and
+  // alignment, made so that any other order or grouping of the additions shows (matmul.cu,
+  // tune_fill_kernel) and surrounded by NaN, with beta 0 and 1, the whole output allocation is
+  // the same; and so it is on the first call's own operands. Planning then synchronises the
+  // device and briefly holds scratch memory (none to be had: the first choice). Off by default;
+  // never while the stream is being captured into a graph.
+  void set_tuning(bool on);
+
+  // What tuning did so far: problems planned, heuristic alternatives offered and found equal bit
+  // for bit, problems timed, problems that took another algorithm and the per-call times (ms,
+  // alone) of the first choice and of the pick for those.
+  struct TuneStats {
+    int problems = 0, offered = 0, identical = 0, tuned = 0, switched = 0;
+    double first_ms = 0, picked_ms = 0;
+  };
+  TuneStats tune_stats() const;
+
   // SMs the following products are planned for (cuBLASLt's SM_COUNT_TARGET); 0 = the whole GPU.
   // Set below the SM count while collectives run beside the products, so that a GEMM sized for
   // every SM does not leave a second, nearly empty wave behind the SMs NCCL holds.
