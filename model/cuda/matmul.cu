@@ -263,8 +263,9 @@ struct Matmul::Impl {
                           &algo, workspace.view().data, kWorkspaceBytes, stream);
   }
   // Index into `results` of the algorithm to use: the fastest (alone, on scratch operands of the
-  // problem's shape) of those whose products equal results[0]'s bit for bit, with beta 0 and 1;
-  // 0 when none is kTuneMargin faster or scratch memory is short.
+  // problem's shape) of those whose outputs equal results[0]'s bit for bit on scratch operands
+  // with beta 0 and 1 and on g's own operands; 0 when none is kTuneMargin faster or scratch
+  // memory is short.
   int tuned_pick(const Plan& p, const Key& key, const Gemm& g,
                  const cublasLtMatmulHeuristicResult_t* results, int found, cudaStream_t stream);
 };
