@@ -334,8 +334,9 @@ TEST_CASE("matmul: tuned products equal the first choice's bit for bit", "[cuda]
       {false, true, false, false, 192, 61, 32, 0.0f, 0, 3},       // logits, vocabulary 61 of 64
       {false, false, false, false, 192, 32, 61, 0.0f, 0, 3},      // their input gradient
   };
-  cuda::Matmul plain, tuned;
+  cuda::Matmul plain, tuned, again;  // `again` plans each problem after `tuned` did
   tuned.set_tuning(true);
+  again.set_tuning(true);
   int problems = 0;
   for (const Shape& sh : shapes) {
     const int64_t rows_a = sh.ta ? sh.k : sh.m, lda = (sh.ta ? sh.m : sh.k) + sh.pad;
@@ -382,6 +383,8 @@ TEST_CASE("matmul: tuned products equal the first choice's bit for bit", "[cuda]
     const std::vector<float> got = sh.f32_out ? product(tuned, float{}) : product(tuned, bf16{});
     REQUIRE(got.size() == want.size());  // compared bit for bit: NaN stays where it was
     CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+    const std::vector<float> reused = sh.f32_out ? product(again, float{}) : product(again, bf16{});
+    CHECK(std::memcmp(reused.data(), want.data(), reused.size() * sizeof(float)) == 0);
     ++problems;
   }
   const cuda::Matmul::TuneStats t = tuned.tune_stats();
@@ -394,6 +397,13 @@ TEST_CASE("matmul: tuned products equal the first choice's bit for bit", "[cuda]
   CHECK(t.identical <= t.offered);
   CHECK(t.tuned <= t.problems);
   CHECK(t.switched <= t.tuned);
+  // The second tuned Matmul takes the first one's picks: nothing offered or timed again.
+  const cuda::Matmul::TuneStats r = again.tune_stats();
+  CHECK(t.reused == 0);
+  CHECK(r.problems == problems);
+  CHECK(r.reused > 0);
+  CHECK(r.offered == 0);
+  CHECK(r.tuned == 0);
 }
 
 TEST_CASE("matmul: bad arguments are refused with the shape in the message", "[cuda][matmul]") {

@@ -160,6 +160,14 @@ void check_identical(const TrainResult& b, const TrainResult& a) {
   CHECK(b.val_losses == a.val_losses);
   CHECK(b.loss_scales == a.loss_scales);
   CHECK(b.skipped == a.skipped);
+  size_t differ = 0;
+  double worst = 0;
+  for (size_t i = 0; i < std::min(b.params.size(), a.params.size()); ++i)
+    if (b.params[i] != a.params[i]) {
+      ++differ;
+      worst = std::max(worst, std::abs(static_cast<double>(b.params[i]) - a.params[i]));
+    }
+  INFO(differ << " of " << a.params.size() << " parameters differ, by up to " << worst);
   REQUIRE(b.params == a.params);
 }
 
@@ -943,27 +951,7 @@ TEST_CASE("--wgrad-stream trains to the parameters of the weight gradients in or
 TEST_CASE("--gemm-tune trains to the very parameters of cuBLASLt's first choices", "[gemm-tune]") {
   spdlog::set_level(spdlog::level::err);
   MpiCommunicator world(MPI_COMM_WORLD);
-  MpiCommunicator self(MPI_COMM_SELF);
-  for (std::vector<std::string> args : one_gpu_cases()) {
-    args.insert(args.end(), {"--ddp", "none", "--gemm-tune"});
-    std::string what;
-    for (const std::string& arg : args) what += arg + " ";
-    INFO(what << "off / on");
-    args.push_back("off");
-    const TrainResult off = run_training(make_options(args), self, /*keep_params=*/true);
-    args.back() = "on";
-    const TrainResult on = run_training(make_options(args), self, /*keep_params=*/true);
-    size_t differ = 0;
-    double worst = 0;
-    for (size_t i = 0; i < std::min(on.params.size(), off.params.size()); ++i)
-      if (on.params[i] != off.params[i]) {
-        ++differ;
-        worst = std::max(worst, std::abs(static_cast<double>(on.params[i]) - off.params[i]));
-      }
-    INFO(differ << " of " << off.params.size() << " parameters differ, by up to " << worst);
-    CHECK(differ == 0);
-    check_identical(on, off);
-  }
+  check_one_gpu_cases_identical("--gemm-tune", "off", "on");
   const std::string b = std::to_string(kGlobalBatch / world.world());
   auto with = [&](const char* tune) {
     return make_options({"--precision", "bf16", "--batch", b, "--ddp", "bucketed", "--bucket-mb",

@@ -164,20 +164,13 @@ class CudaReplica final : public Replica {
   std::string gemm_tuning() const override {
     if (!options_.gemm_tune) return "";
     Matmul::TuneStats t = mm_->tune_stats();
-    if (lane_.mm) {
-      const Matmul::TuneStats l = lane_.mm->tune_stats();
-      t.problems += l.problems;
-      t.offered += l.offered;
-      t.identical += l.identical;
-      t.tuned += l.tuned;
-      t.switched += l.switched;
-      t.first_ms += l.first_ms;
-      t.picked_ms += l.picked_ms;
-    }
+    if (lane_.mm) t += lane_.mm->tune_stats();
     return fmt::format(
-        "{} planned; of cuBLASLt's {} alternatives to its first choices, {} give the same "
+        "{} planned{}; of cuBLASLt's {} alternatives to its first choices, {} give the same "
         "results bit for bit; {} products timed them, {} took a faster one{}",
-        t.problems, t.offered, t.identical, t.tuned, t.switched,
+        t.problems,
+        t.reused ? fmt::format(" ({} with the pick made earlier in this process)", t.reused) : "",
+        t.offered, t.identical, t.tuned, t.switched,
         t.switched
             ? fmt::format(" ({:.1f}% faster alone)", 100.0 * (1.0 - t.picked_ms / t.first_ms))
             : "");

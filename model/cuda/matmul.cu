@@ -6,6 +6,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -247,6 +250,35 @@ std::vector<Gemm>* g_recorded = nullptr;
 
 void record_gemms(std::vector<Gemm>* sink) { g_recorded = sink; }
 
+namespace {
+// Tuning's picks for the process: (device, problem) -> index into the heuristic's results, which
+// are the same for the same descriptors. A Matmul planning a problem another one tuned (the
+// benchmark's floors replaying the step's products) takes that pick instead of timing again.
+class PickCache {
+ public:
+  std::optional<int> find(int device, const Key& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto& picks = by_device_[device];
+    const auto it = picks.find(key);
+    if (it == picks.end()) return std::nullopt;
+    return it->second;
+  }
+  void keep(int device, const Key& key, int pick) {
+    std::lock_guard<std::mutex> lock(mu_);
+    by_device_[device].emplace(key, pick);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, std::unordered_map<Key, int, KeyHash>> by_device_;
+};
+
+PickCache& pick_cache() {
+  static PickCache cache;
+  return cache;
+}
+}  // namespace
+
 struct Matmul::Impl {
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer workspace;
@@ -264,8 +296,8 @@ struct Matmul::Impl {
   }
   // Index into `results` of the algorithm to use: the fastest (alone, on scratch operands of the
   // problem's shape) of those whose outputs equal results[0]'s bit for bit on scratch operands
-  // with beta 0 and 1 and on g's own operands; 0 when none is kTuneMargin faster or scratch
-  // memory is short.
+  // with beta 0 and 1 and on g's own operands; 0 when none is kTuneMargin faster; -1 when it
+  // could not tell (scratch memory short, the first choice refused to run).
   int tuned_pick(const Plan& p, const Key& key, const Gemm& g,
                  const cublasLtMatmulHeuristicResult_t* results, int found, cudaStream_t stream);
 };
@@ -285,12 +317,12 @@ int Matmul::Impl::tuned_pick(const Plan& p, const Key& key, const Gemm& g,
   // output's whole allocation, slack included, starts from the same bytes for every candidate
   // (d0) and is compared whole.
   Scratch a(a_elems * es_ab, 128 * key.lda * es_ab), b(b_elems * es_ab, 128 * key.ldb * es_ab),
-      c(key.in_place ? 4 : c_elems * es_cd, 128 * key.ldc * es_cd),
+      c(key.in_place ? 4 : c_elems * es_cd, key.in_place ? 0 : 128 * key.ldc * es_cd),
       d(d_elems * es_cd, 512 * key.ldd * es_cd), d0(d.bytes, d.slack - 256),
       out(d.bytes, d.slack - 256), ref(d.bytes, d.slack - 256),
       diff(sizeof(unsigned long long) * 3 * found);
   for (const Scratch* m : {&a, &b, &c, &d, &d0, &out, &ref, &diff})
-    if (!m->p) return 0;
+    if (!m->p) return -1;
   for (const Scratch* m : {&out, &ref, &diff})
     CUDA_CHECK(cudaMemsetAsync(m->p, 0, m->bytes + m->slack, stream));
   const size_t d_all = d.bytes + d.slack;  // d, d0, out and ref alike
@@ -344,7 +376,7 @@ int Matmul::Impl::tuned_pick(const Plan& p, const Key& key, const Gemm& g,
       if (results[i].state != CUBLAS_STATUS_SUCCESS ||
           (pass < 2 ? launch(p, results[i].algo, t, cp, stream)
                     : launch(p, results[i].algo, own, own_c, stream)) != CUBLAS_STATUS_SUCCESS) {
-        if (i == 0) return 0;
+        if (i == 0) return -1;
         ok[i] = false;
         continue;
       }
@@ -492,7 +524,20 @@ const Plan& Matmul::Impl::plan(const Key& key, const Gemm& g, cudaStream_t strea
   if (found == 0 || results[0].state != CUBLAS_STATUS_SUCCESS)
     runtime_error("cuBLASLt has no algorithm for {}", describe(g));
   ++stats.problems;
-  p->algo = results[tuned && found > 1 ? tuned_pick(*p, key, g, results, found, stream) : 0].algo;
+  int pick = 0;
+  if (tuned && found > 1) {
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    if (const std::optional<int> known = pick_cache().find(device, key)) {
+      pick = *known < found ? *known : 0;
+      ++stats.reused;
+    } else if ((pick = tuned_pick(*p, key, g, results, found, stream)) >= 0) {
+      pick_cache().keep(device, key, pick);
+    } else {
+      pick = 0;  // not decided: the first choice, and the next Matmul tries again
+    }
+  }
+  p->algo = results[pick].algo;
   return *plans.emplace(key, std::move(p)).first->second;
 }
 

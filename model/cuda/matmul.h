@@ -83,16 +83,25 @@ class Matmul {
   // alignment, made so that any other order or grouping of the additions shows (matmul.cu,
   // tune_fill_kernel) and surrounded by NaN, with beta 0 and 1, the whole output allocation is
   // the same; and so it is on the first call's own operands. Planning then synchronises the
-  // device and briefly holds scratch memory (none to be had: the first choice). Off by default;
-  // never while the stream is being captured into a graph.
+  // device and briefly holds scratch memory (none to be had: the first choice). Picks are kept
+  // for the process, per device: another Matmul planning the same problem (the benchmark's floors
+  // replaying the step's products) takes the pick without timing again. Off by default; never
+  // while the stream is being captured into a graph.
   void set_tuning(bool on);
 
   // What tuning did so far: problems planned, heuristic alternatives offered and found equal bit
   // for bit, problems timed, problems that took another algorithm and the per-call times (ms,
-  // alone) of the first choice and of the pick for those.
+  // alone) of the first choice and of the pick for those; `reused`: problems that took a pick
+  // made earlier in the process.
   struct TuneStats {
-    int problems = 0, offered = 0, identical = 0, tuned = 0, switched = 0;
+    int problems = 0, offered = 0, identical = 0, tuned = 0, switched = 0, reused = 0;
     double first_ms = 0, picked_ms = 0;
+    TuneStats& operator+=(const TuneStats& o) {
+      problems += o.problems, offered += o.offered, identical += o.identical, tuned += o.tuned;
+      switched += o.switched, reused += o.reused;
+      first_ms += o.first_ms, picked_ms += o.picked_ms;
+      return *this;
+    }
   };
   TuneStats tune_stats() const;
 
