@@ -103,10 +103,11 @@ void check(cublasStatus_t st, const char* call, const Gemm& g) {
 #define LT_CHECK(call, g) check((call), #call, (g))
 
 // --- Tuning (Matmul::set_tuning) -------------------------------------------------------------
-// Candidates are the heuristic's first kTuneCandidates; each is timed kTuneRounds times, round
-// robin, over at least kTuneMinMs (and kTuneMinReps calls); a candidate replaces the first choice
-// only when its median is kTuneMargin faster.
-constexpr int kTuneCandidates = 6;
+// Candidates are the heuristic's first kTuneCandidates (on an H200 it offers at most 8 for the
+// presets' products, so every one); each is timed kTuneRounds times, round robin, over at least
+// kTuneMinMs (and kTuneMinReps calls); a candidate replaces the first choice only when its median
+// is kTuneMargin faster.
+constexpr int kTuneCandidates = 16;
 constexpr int kTuneRounds = 3;
 constexpr int kTuneMinReps = 3;
 constexpr float kTuneMinMs = 0.5f;
