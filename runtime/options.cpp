@@ -183,9 +183,10 @@ Options parse_options(int argc, char** argv) {
                  "chain of input gradients, planned for N SMs fewer than the GPU has, which that "
                  "chain keeps (0 = every SM, the very numbers of off; auto: 24 on cuda)");
   app.add_option("--gemm-tune", o.gemm_tune,
-                 "auto | on | off: each matrix product takes the fastest of cuBLASLt's first "
-                 "algorithms whose results equal its first choice's bit for bit, timed alone "
-                 "when the product is first planned (the same numbers; auto: on on cuda)");
+                 "auto | on | off: each matrix product takes the fastest of the algorithms "
+                 "cuBLASLt's heuristic offers (up to 16) whose results equal its first choice's "
+                 "bit for bit, timed alone when the product is first planned (the same numbers; "
+                 "auto: on on cuda)");
   app.add_option("--ddp", o.ddp, "none | naive | flat | overlap | bucketed");
   app.add_option(
       "--bucket-mb", o.bucket_mb,
