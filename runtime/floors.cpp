@@ -127,13 +127,11 @@ constexpr double kCapWindowMs = 1200;
 constexpr double kCapWarmMs = 2500;
 
 // The parts of the step at the power cap (floors.h): fills f's joules. The GEMMs replay the
-// recorded products on the replica's buffers.
-void measure_at_cap(PhaseFloors& f, PowerSampler& power, const std::vector<cuda::Gemm>& fwd,
-                    const std::vector<cuda::Gemm>& bwd, const ModelConfig& c, const MicroBatch& mb,
-                    bool flash, bool backward, bool gemm_tune, cudaStream_t s,
-                    std::vector<std::string>& missing) {
-  cuda::Matmul mm;
-  mm.set_tuning(gemm_tune);
+// recorded products on the replica's buffers through `mm`, the Matmul that timed them alone.
+void measure_at_cap(PhaseFloors& f, PowerSampler& power, cuda::Matmul& mm,
+                    const std::vector<cuda::Gemm>& fwd, const std::vector<cuda::Gemm>& bwd,
+                    const ModelConfig& c, const MicroBatch& mb, bool flash, bool backward,
+                    cudaStream_t s, std::vector<std::string>& missing) {
   // The heaviest product brings the GPU to its limit.
   const cuda::Gemm* heavy = nullptr;
   for (const auto* list : {&fwd, &bwd})
@@ -141,7 +139,8 @@ void measure_at_cap(PhaseFloors& f, PowerSampler& power, const std::vector<cuda:
       if (!heavy || g.m * g.n * g.k * g.batch > heavy->m * heavy->n * heavy->k * heavy->batch)
         heavy = &g;
   if (!heavy) return;
-  // Every product planned (and tuned) before the windows, which would otherwise count the tuning.
+  // Every product planned (and tuned) before the windows, which would otherwise count the tuning
+  // (a no-op when the timing alone has run them all).
   for (const auto* list : {&fwd, &bwd})
     for (const cuda::Gemm& g : *list) mm.run(g, s);
   energy_per_call(s, power, kCapWarmMs, [&] { mm.run(*heavy, s); });
@@ -210,12 +209,12 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
   }
   r.take_loss();
   r.synchronize();
+  // A Matmul of its own picks the algorithm the step's would for the same problem and alignments
+  // (tuned as the step's are), planned for the whole GPU: products the step plans for fewer SMs
+  // (--update-sms, --wgrad-stream) are timed here on all of them. The parts at the cap reuse it.
+  cuda::Matmul mm;
+  mm.set_tuning(gemm_tune);
   {
-    // A Matmul of its own picks the algorithm the step's would for the same problem and
-    // alignments (tuned as the step's are), planned for the whole GPU: products the step plans
-    // for fewer SMs (--update-sms, --wgrad-stream) are timed here on all of them.
-    cuda::Matmul mm;
-    mm.set_tuning(gemm_tune);
     std::map<std::string, double> per_call;
     auto alone_ms = [&](const cuda::Gemm& g) { return time_ms(s, 2, 5, [&] { mm.run(g, s); }); };
     f.gemm_forward_ms = per_problem_sum(fwd, per_call, alone_ms);
@@ -284,7 +283,7 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
         static_cast<double>(optimizer_elems) * per_elem + (norm_beside_backward ? 0 : norm_bytes);
     f.optimizer_ms = f.optimizer_bytes / (f.copy_gb_s * 1e6);
   }
-  if (power) measure_at_cap(f, *power, fwd, bwd, c, mb, flash, backward, gemm_tune, s, missing);
+  if (power) measure_at_cap(f, *power, mm, fwd, bwd, c, mb, flash, backward, s, missing);
   for (size_t i = 0; i < missing.size(); ++i) f.note += (i ? "; " : "") + missing[i];
   if (!flash)
     f.note += std::string(f.note.empty() ? "" : "; ") +
