@@ -240,8 +240,9 @@ void Run::benchmark(TrainResult& result) {
     const double limit = floors.limit_watts;
     spdlog::info(
         "at the power cap ({:.0f} W), joules per step, each part alone for {:.1f} s (the step's "
-        "GEMMs; attention at this shape on random inputs; bytes at the copy's {:.3f} J/GB):",
-        limit, floors.cap_window_s, floors.copy_j_per_gb);
+        "GEMMs; attention at this shape on random inputs; bytes at the copy's {:.3f} J/GB, "
+        "paid at {:.0f} MHz):",
+        limit, floors.cap_window_s, floors.copy_j_per_gb, floors.copy_sm_mhz);
     spdlog::info("  forward   GEMMs {:.3f} + attention {:.3f} + elementwise {:.3f} J",
                  floors.gemm_forward_j, floors.attention_forward_j, floors.elementwise_forward_j());
     if (backward)

@@ -27,12 +27,16 @@ double attention_flops(int64_t B, int64_t T, int64_t H, int64_t dh, bool backwar
   return (backward ? 5.0 : 2.0) * per;
 }
 
+namespace {
+// Element i of a pseudo-random sequence uniform in [-1, 1), 24 random bits.
+float uniform_pm1(uint64_t seed, size_t i) {
+  return static_cast<float>(mix64(seed * kGolden + i) >> 40) * 0x1p-23f - 1.0f;
+}
+}  // namespace
+
 std::vector<uint16_t> random_bf16_bits(size_t count, uint64_t seed) {
   std::vector<uint16_t> bits(count);
-  for (size_t i = 0; i < count; ++i) {
-    const uint64_t z = mix64(seed * kGolden + i);
-    bits[i] = f32_to_bf16_bits(static_cast<float>(z >> 40) * 0x1p-23f - 1.0f);
-  }
+  for (size_t i = 0; i < count; ++i) bits[i] = f32_to_bf16_bits(uniform_pm1(seed, i));
   return bits;
 }
 
@@ -75,12 +79,22 @@ void fill_random_bf16(const DeviceBuffer& b, uint64_t seed) {
   CUDA_CHECK(cudaMemcpy(b.view().data, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
 }
 
-// 256 MiB copied device to device (read and written), the measure of memory-bound work.
+void fill_random_f32(const DeviceBuffer& b, uint64_t seed) {
+  std::vector<float> host(static_cast<size_t>(b.count()));
+  for (size_t i = 0; i < host.size(); ++i) host[i] = uniform_pm1(seed, i);
+  CUDA_CHECK(cudaMemcpy(b.view().data, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+}
+
+// 256 MiB copied device to device (read and written), the measure of memory-bound work. The
+// source holds random fp32 values, as the optimizer's state and gradients do: moving zeros (fresh
+// memory) costs a quarter fewer joules, 0.112 against 0.150 J per GB on one H200 at 1980 MHz
+// (docs/results/log.md, 2026-11-27 16:11).
 struct CopyTest {
   static constexpr int64_t kBytes = int64_t{256} << 20;
   DeviceBuffer src{DeviceKind::kCuda, DType::kF32, kBytes / 4};
   DeviceBuffer dst{DeviceKind::kCuda, DType::kF32, kBytes / 4};
   static constexpr double kMovedGb = 2.0 * static_cast<double>(kBytes) * 1e-9;
+  CopyTest() { fill_random_f32(src, 7); }
   void run(cudaStream_t s) const {
     CUDA_CHECK(
         cudaMemcpyAsync(dst.view().data, src.view().data, kBytes, cudaMemcpyDeviceToDevice, s));
@@ -152,8 +166,12 @@ void measure_at_cap(PhaseFloors& f, PowerSampler& power, cuda::Matmul& mm,
   f.gemm_backward_j = per_problem_sum(bwd, per_call, gemm_j);
   try {
     const CopyTest copy;
-    f.copy_j_per_gb =
-        energy_per_call(s, power, kCapWindowMs, [&] { copy.run(s); }).joules() / CopyTest::kMovedGb;
+    // The price comes with the SM clock it was paid at (the copy, memory-bound, runs at the top
+    // clock even after the GEMMs held the GPU at its limit).
+    power.begin();
+    const CallEnergy e = energy_per_call(s, power, kCapWindowMs, [&] { copy.run(s); });
+    f.copy_sm_mhz = power.end().sm_mhz_median;
+    f.copy_j_per_gb = e.joules() / CopyTest::kMovedGb;
   } catch (const UsageError&) {
     missing.push_back("no room for the copy at the cap: its bytes left out there");
   }

@@ -52,6 +52,7 @@ struct PhaseFloors {
   double gemm_forward_j = 0, gemm_backward_j = 0;
   double attention_forward_j = 0, attention_backward_j = 0;  // 0 without flash attention
   double copy_j_per_gb = 0;                                  // per GB read + written
+  double copy_sm_mhz = 0;  // the SM clock while the copy ran (its samples' median; 0: unsampled)
   double elementwise_forward_j() const { return elementwise_forward_bytes * 1e-9 * copy_j_per_gb; }
   double elementwise_backward_j() const {
     return elementwise_backward_bytes * 1e-9 * copy_j_per_gb;

@@ -376,6 +376,8 @@ TEST_CASE("benchmark floors at the power cap price every part in joules", "[cuda
   // hundred W): between a hundredth and ten.
   CHECK(f.copy_j_per_gb > 0.01);
   CHECK(f.copy_j_per_gb < 10);
+  CHECK(f.copy_sm_mhz > 100);  // sampled while the copy ran: some hundreds of MHz at least
+  CHECK(f.copy_sm_mhz < 5000);
   CHECK(f.elementwise_forward_j() == f.elementwise_forward_bytes * 1e-9 * f.copy_j_per_gb);
   CHECK(f.optimizer_j() == f.optimizer_bytes * 1e-9 * f.copy_j_per_gb);
   const double parts = f.gemm_forward_j + f.attention_forward_j + f.elementwise_forward_j() +
