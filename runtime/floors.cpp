@@ -153,8 +153,9 @@ void measure_at_cap(PhaseFloors& f, PowerSampler& power, cuda::Matmul& mm,
       if (!heavy || g.m * g.n * g.k * g.batch > heavy->m * heavy->n * heavy->k * heavy->batch)
         heavy = &g;
   if (!heavy) return;
-  // Every product planned (and tuned) before the windows, which would otherwise count the tuning
-  // (a no-op when the timing alone has run them all).
+  // Every product planned (and tuned) before the windows, which would otherwise count the tuning.
+  // With measure_floors' Matmul every measured product is planned already, and this only runs
+  // each call once more.
   for (const auto* list : {&fwd, &bwd})
     for (const cuda::Gemm& g : *list) mm.run(g, s);
   energy_per_call(s, power, kCapWarmMs, [&] { mm.run(*heavy, s); });
