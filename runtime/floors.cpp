@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "core/bf16.h"
@@ -79,10 +82,16 @@ void fill_random_bf16(const DeviceBuffer& b, uint64_t seed) {
   CUDA_CHECK(cudaMemcpy(b.view().data, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
 }
 
+// Random fp32 values: the first MiB made on the host, then doubled on the device until the
+// buffer is full (a 256 MiB buffer costs 8 device copies, not 0.15 s of host work and 256 MB).
 void fill_random_f32(const DeviceBuffer& b, uint64_t seed) {
-  std::vector<float> host(static_cast<size_t>(b.count()));
+  const size_t n = static_cast<size_t>(b.count());
+  std::vector<float> host(std::min<size_t>(n, size_t{1} << 18));
   for (size_t i = 0; i < host.size(); ++i) host[i] = uniform_pm1(seed, i);
-  CUDA_CHECK(cudaMemcpy(b.view().data, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  float* d = b.as<float>();
+  CUDA_CHECK(cudaMemcpy(d, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  for (size_t done = host.size(); done < n; done *= 2)
+    CUDA_CHECK(cudaMemcpy(d + done, d, std::min(done, n - done) * 4, cudaMemcpyDeviceToDevice));
 }
 
 // 256 MiB copied device to device (read and written), the measure of memory-bound work. The
@@ -153,11 +162,8 @@ void measure_at_cap(PhaseFloors& f, PowerSampler& power, cuda::Matmul& mm,
       if (!heavy || g.m * g.n * g.k * g.batch > heavy->m * heavy->n * heavy->k * heavy->batch)
         heavy = &g;
   if (!heavy) return;
-  // Every product planned (and tuned) before the windows, which would otherwise count the tuning.
-  // With measure_floors' Matmul every measured product is planned already, and this only runs
-  // each call once more.
-  for (const auto* list : {&fwd, &bwd})
-    for (const cuda::Gemm& g : *list) mm.run(g, s);
+  // `mm` planned (and tuned) every product the windows measure when it timed them alone, so no
+  // window counts a plan or a tuning.
   energy_per_call(s, power, kCapWarmMs, [&] { mm.run(*heavy, s); });
   std::map<std::string, double> per_call;
   auto gemm_j = [&](const cuda::Gemm& g) {
@@ -242,9 +248,14 @@ PhaseFloors measure_floors(Replica& r, const ModelConfig& c, const MicroBatch& m
     f.gemm_backward_calls = static_cast<int64_t>(bwd.size());
   }
 
-  // 2. Copy bandwidth: 256 MiB device to device, read and written.
+  // 2. Copy bandwidth: 256 MiB device to device, read and written, after 300 ms of rest. Timed
+  // right after the GEMMs above, it read 4% low in 3 of 6 runs on two H200s (4010 against 4170
+  // GB/s), and 3 of 3 read 4170-4185 after the rest, which the host-side fill of the copy's source
+  // used to give (docs/results/log.md, 2026-11-27 16:56 to 17:14).
   try {
     const CopyTest copy;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
     f.copy_gb_s = CopyTest::kMovedGb * 1e3 / time_ms(s, 2, 10, [&] { copy.run(s); });
   } catch (const UsageError&) {
     missing.push_back("no room for the copy test's 512 MiB: no memory floors");
